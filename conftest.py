@@ -1,0 +1,54 @@
+"""pytest plugin of the suite: options, markers and fixtures (calls into ``harness``).
+
+Options (all in the ``specdec`` group):
+  --backend NAME     extra backend to verify in ``suites/test_backends.py`` (repeatable;
+                     built-in names, ``fault:NAME`` or a dotted path ``pkg.mod:Sampler``).
+  --profile NAME     profile for those backend runs (default: ci).
+  --run-seed N       seed of those runs (default: 0); printed in the header, replayable.
+"""
+
+import pytest
+
+from harness.device import configure_triton
+
+# The Triton interpreter must be chosen before any @triton.jit runs: CPU-only machines
+# run Triton kernels under TRITON_INTERPRET=1, GPU machines compile them.
+configure_triton()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("specdec", "speculative-decoding verification")
+    group.addoption(
+        "--backend", action="append", default=[], help="backend to verify (repeatable; default: none beyond the built-in tests)"
+    )
+    group.addoption("--profile", default="ci", help="profile for --backend runs (default: ci)")
+    group.addoption("--run-seed", type=int, default=0, help="seed for --backend runs (default: 0)")
+
+
+def pytest_report_header(config):
+    backends = config.getoption("--backend")
+    if backends:
+        return f"specdec: backends={backends} profile={config.getoption('--profile')} run-seed={config.getoption('--run-seed')}"
+    return None
+
+
+def pytest_generate_tests(metafunc):
+    if "user_backend" in metafunc.fixturenames:
+        names = metafunc.config.getoption("--backend")
+        if not names:
+            skip = pytest.mark.skip(reason="no --backend given (e.g. pytest suites/ --backend pkg.mod:Sampler)")
+            metafunc.parametrize("user_backend", [pytest.param(None, marks=skip)], ids=["none"])
+        else:
+            metafunc.parametrize("user_backend", names, ids=names)
+
+
+@pytest.fixture(scope="session")
+def run_profile(pytestconfig):
+    from harness.profiles import get_profile
+
+    return get_profile(pytestconfig.getoption("--profile"))
+
+
+@pytest.fixture(scope="session")
+def run_seed(pytestconfig):
+    return pytestconfig.getoption("--run-seed")

@@ -1,0 +1,1 @@
+"""Verification harness: scenarios, statistics, backends, runner, CLI and reports."""

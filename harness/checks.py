@@ -1,0 +1,242 @@
+"""Which checks apply to a scenario, how many trials each needs, and their evaluation.
+
+Every check is planned before any sampling: its cells, pooling and trial count come from
+the exact law and the profile's (alpha, power, tv). ``evaluate`` turns a template's tally
+into a ``Verdict`` (statistic, p-value, detectable TV, effect size); Holm's correction
+across the run is applied later by the runner.
+
+Checks
+------
+structure          exact. Every trial emits 1..d+1 in-vocabulary ids whose prefix equals
+                   its drafts (placeholders and everything after them never accepted).
+outcome-law        G-test of (n accepted, emitted token) against the exact law: fixed
+                   drafts, or the mixture over drafts for block verification. Exact when
+                   the law is a point mass (greedy).
+position-law       drafts drawn per trial, chain methods: product-multinomial G-test, one
+                   multinomial per step over the trials that reach it, cells (accepted
+                   draft y | rejected, emitted y). Together these are the whole output law.
+acceptance-length  G-test of the number of accepted drafts (synthetic: the closed form
+                   P(N >= i+1) = r_i; lossless: the exact law's marginal).
+acceptance-rate[j] synthetic only: exact binomial test of step j's conditional acceptance.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness import stats
+from harness.profiles import Profile
+from harness.scenarios import Scenario, Template
+from harness.tally import TemplateTally
+from reference import laws
+from reference import synthetic as synth
+from reference.methods import Method
+
+MAX_POOLING_ROUNDS = 20
+
+
+@dataclass
+class Verdict:
+    kind: str  # "exact" | "gof" | "binomial" | "skipped"
+    passed: bool | None  # None: not evaluated (``message`` says why)
+    statistic: float | None
+    df: int | None
+    p_value: float | None
+    alpha: float
+    trials: int
+    detectable_tv: float
+    tv_estimate: float | None
+    tv_ci: tuple[float, float] | None
+    message: str
+    cells: list | None = None  # [(label, observed, expected)] for the largest pooled cells
+
+
+@dataclass
+class Check:
+    name: str
+    template: int
+    design_trials: int
+    evaluate: object  # (TemplateTally, numpy Generator) -> Verdict
+
+
+def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float = 1.0, segments: int = 1):
+    """Trials and bins for a G-test: pool at the trial count that the pooled df needs."""
+    probs = np.asarray(expected_probs, dtype=np.float64).ravel()
+    n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(int((probs > 0).sum()) - segments, 1), steps)
+    for _ in range(MAX_POOLING_ROUNDS):
+        bins = stats.pool_cells(probs * n)
+        df = max(int(bins.max(initial=-1)) + 1 - segments, 1)
+        needed = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
+        if needed >= n:
+            return needed, bins, df
+        n = needed
+    return n, bins, df
+
+
+def _cells_summary(labels, observed, expected, bins, limit=12):
+    o, e = stats.pooled(observed, bins), stats.pooled(expected, bins)
+    names = {}
+    for cell, b in enumerate(bins):
+        if b >= 0:
+            names.setdefault(int(b), []).append(labels[cell])
+    order = np.argsort(-e)[:limit]
+    rows = [(" + ".join(names[int(b)][:3]) + (" + …" if len(names[int(b)]) > 3 else ""), float(o[b]), float(e[b])) for b in order]
+    impossible = float(np.asarray(observed).ravel()[bins < 0].sum())
+    if impossible:
+        rows.append(("impossible cells", impossible, 0.0))
+    return rows
+
+
+def _gof(name, template, probs, labels, profile, source, segments=None, reach=None) -> Check:
+    """A G-test check over ``probs`` cells (conditional per segment when ``segments``)."""
+    probs = np.asarray(probs, dtype=np.float64).ravel()
+    seg = np.zeros(probs.size, dtype=np.int64) if segments is None else segments.ravel()
+    reach_per_cell = np.ones(probs.size) if reach is None else reach[seg]
+    steps = 1.0 if reach is None else float(reach.sum())
+    n_seg = int(np.unique(seg[probs > 0]).size)
+    exact = int((probs > 0).sum()) <= n_seg  # every segment is a point mass
+    design, bins, df = _design_pooling(probs * reach_per_cell, profile, steps, n_seg)
+    if exact:
+        design = stats.exact_trials_for_rate(profile.power, profile.tv)
+
+    def evaluate(tally: TemplateTally, rng) -> Verdict:
+        observed = np.asarray(source(tally), dtype=np.float64).ravel()
+        sizes = np.bincount(seg, weights=observed, minlength=int(seg.max(initial=0)) + 1)
+        expected = probs * sizes[seg]
+        trials = int(observed.sum() if reach is None else sizes[0])
+        if exact:
+            bad = int(observed[probs == 0].sum())
+            return Verdict(
+                "exact", bad == 0, float(bad), None, 1.0 if bad == 0 else 0.0, 0.0, trials,
+                stats.exact_detectable_rate(profile.power, trials),
+                bad / max(trials, 1), None,
+                f"{bad} of {trials} trials left the deterministic outcome" if bad else "every trial gave the deterministic outcome",
+                _cells_summary(labels, observed, expected, bins),
+            )  # fmt: skip
+        r = stats.g_test(observed, expected, bins, seg, rng)
+        detect = stats.detectable_tv(profile.alpha, profile.power, df, trials, steps)
+        msg = f"G={r.statistic:.2f} df={r.df} p={r.p_value:.3g}"
+        if r.impossible:
+            msg = f"{r.impossible} observation(s) in zero-probability cells; " + msg
+        return Verdict(
+            "gof", r.p_value > profile.alpha, r.statistic, r.df, r.p_value, profile.alpha, trials,
+            detect, r.tv_estimate, r.tv_ci, msg, _cells_summary(labels, observed, expected, bins),
+        )  # fmt: skip
+
+    return Check(name, template, design, evaluate)
+
+
+def _outcome_labels(d, vocab):
+    return [f"n={n},y={y}" for n in range(d + 1) for y in range(vocab)]
+
+
+def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> list[Check]:
+    """All checks for a scenario, with their design trial counts. Laws are computed here."""
+    checks = []
+    for i, t in enumerate(templates):
+        d_eff = t.effective_drafts
+        vocab = t.target_logits.shape[1]
+        checks.append(_structure_check(i, profile))
+        target = t.target_probs()[: d_eff + 1]
+        visible = t.proposal_probs()[:d_eff] if scenario.draft_probs else None
+        rates = t.rates[:d_eff] if t.method is Method.SYNTHETIC else None
+        if t.method is Method.SYNTHETIC:
+            r = synth.conditional_to_unconditional(rates)
+            length = synth.acceptance_length_law(r)
+            checks.append(_length_check(i, length, profile))
+            reach = np.concatenate([[1.0], r])
+            for j in range(d_eff):
+                if reach[j] > 0:
+                    checks.append(_rate_check(i, j, float(rates[j]), float(reach[j]), profile))
+            continue
+        if t.drafts is not None:
+            law = laws.fixed_draft_law(t.method, target, visible, t.drafts[:d_eff], rates)
+            checks.append(_gof("outcome-law", i, law, _outcome_labels(d_eff, vocab), profile, _outcomes))
+        elif t.method is Method.BLOCK:
+            try:
+                law = laws.sampled_draft_law(t.method, target, t.sampling_probs()[:d_eff], scenario.draft_probs)
+            except ValueError as e:
+                checks.append(_skipped("outcome-law", i, str(e)))
+                continue
+            checks.append(_gof("outcome-law", i, law, _outcome_labels(d_eff, vocab), profile, _outcomes))
+        else:
+            steps = laws.position_laws(t.method, target, t.sampling_probs()[:d_eff], scenario.draft_probs, rates)
+            law = np.zeros((d_eff + 1, vocab))
+            reach = np.cumprod(np.concatenate([[1.0], steps[:d_eff, 0].sum(axis=-1)]))
+            for j in range(d_eff):
+                law[j] = reach[j] * steps[j, 1]
+            law[d_eff] = reach[d_eff] * target[d_eff]
+            seg = np.repeat(np.arange(d_eff + 1), 2 * vocab).reshape(d_eff + 1, 2, vocab)
+            labels = [
+                f"step {j} {'acc' if a == 0 else ('bonus' if j == d_eff else 'rej')} y={y}"
+                for j in range(d_eff + 1)
+                for a in range(2)
+                for y in range(vocab)
+            ]
+            checks.append(_gof("position-law", i, steps, labels, profile, _steps, seg, reach))
+        if d_eff > 0:
+            checks.append(_length_check(i, law.sum(axis=-1), profile))
+    return checks
+
+
+def _structure_check(i, profile) -> Check:
+    design = stats.exact_trials_for_rate(profile.power, profile.tv)
+
+    def evaluate(tally: TemplateTally, rng) -> Verdict:
+        bad, n = tally.violations, tally.trials
+        msg = "every trial well-formed" if not bad else f"{bad} of {n} trials malformed; first: {tally.example}"
+        return Verdict(
+            "exact",
+            bad == 0,
+            float(bad),
+            None,
+            1.0 if not bad else 0.0,
+            0.0,
+            n,
+            stats.exact_detectable_rate(profile.power, n),
+            bad / max(n, 1),
+            None,
+            msg,
+        )
+
+    return Check("structure", i, design, evaluate)
+
+
+def _length_check(i, length_law, profile) -> Check:
+    labels = [f"accepted={n}" for n in range(len(length_law))]
+    return _gof("acceptance-length", i, length_law, labels, profile, _lengths)
+
+
+def _rate_check(i, j, rate, reach, profile) -> Check:
+    needed = stats.binomial_trials(profile.alpha, profile.power, rate, profile.tv)
+    design = stats.trials_to_reach(needed, reach, profile.alpha)
+
+    def evaluate(tally: TemplateTally, rng) -> Verdict:
+        n, k = int(tally.reached()[j]), int(tally.accepted()[j])
+        p = stats.binomial_test(k, n, rate)
+        detect = stats.binomial_detectable(profile.alpha, profile.power, rate, n)
+        observed = k / n if n else float("nan")
+        msg = f"accepted {k}/{n} = {observed:.5f} vs closed form {rate:.5f}; p={p:.3g}"
+        passed = p > profile.alpha
+        return Verdict("binomial", passed, float(k), None, p, profile.alpha, n, detect, abs(observed - rate) if n else None, None, msg)
+
+    return Check(f"acceptance-rate[{j}]", i, design, evaluate)
+
+
+def _skipped(name, i, reason) -> Check:
+    def evaluate(tally, rng) -> Verdict:
+        return Verdict("skipped", None, None, None, None, 0.0, tally.trials, float("nan"), None, None, reason)
+
+    return Check(name, i, 0, evaluate)
+
+
+def _outcomes(tally: TemplateTally) -> np.ndarray:
+    return tally.outcome
+
+
+def _steps(tally: TemplateTally) -> np.ndarray:
+    return tally.steps
+
+
+def _lengths(tally: TemplateTally) -> np.ndarray:
+    return tally.outcome.sum(axis=-1)

@@ -1,0 +1,147 @@
+"""``python -m harness {run,backends,scenarios,power}``.
+
+Exit codes: 0 every check passed, 1 a check failed or a backend errored, 2 usage or
+setup error (one line on stderr saying what was wrong).
+"""
+
+import argparse
+import os
+import sys
+
+from harness.device import configure_triton
+
+configure_triton()  # before any backend module defines a @triton.jit kernel
+
+
+class UsageError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness", description="Verify speculative-decoding rejection samplers.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run every applicable check for each backend")
+    r.add_argument("--backend", action="append", help="backend name, fault:NAME or pkg.mod:Class (repeatable; default: reference)")
+    r.add_argument("--profile", default="ci", help="smoke, ci, gpu or nightly (default: ci)")
+    r.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device for the backends (default: cpu)")
+    r.add_argument("--seed", type=int, default=0, help="run seed; the same seed gives the same counts (default: 0)")
+    r.add_argument("--out", default="reports/latest", help="output directory (default: reports/latest)")
+    r.add_argument(
+        "--scenario", action="append", help="catalog scenario name or a scenario JSON file (repeatable; default: the whole catalog)"
+    )
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sub.add_parser("backends", help="list the backends and whether they can run here")
+    s = sub.add_parser("scenarios", help="list a profile's scenarios with their trial counts")
+    s.add_argument("--profile", default="ci")
+    s.add_argument("--seed", type=int, default=0)
+    w = sub.add_parser("power", help="trials for a TV to detect, or the TV that trials detect")
+    w.add_argument("--alpha", type=float, default=1e-6)
+    w.add_argument("--power", type=float, default=0.99)
+    w.add_argument("--df", type=int, required=True, help="degrees of freedom (cells - 1)")
+    g = w.add_mutually_exclusive_group(required=True)
+    g.add_argument("--tv", type=float, help="smallest total-variation distance to detect")
+    g.add_argument("--trials", type=int, help="number of trials")
+    return p
+
+
+def main(argv=None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse already printed its one-line reason
+        return 0 if e.code == 0 else 2
+    try:
+        return {"run": _run, "backends": _backends, "scenarios": _scenarios, "power": _power}[args.command](args)
+    except (UsageError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _select_scenarios(args, profile):
+    from harness.catalog import catalog, find
+    from harness.scenarios import Scenario
+
+    scenarios = catalog(profile, args.seed)
+    if not args.scenario:
+        return scenarios, {}
+    chosen, refs = [], {}
+    for item in args.scenario:
+        if item.endswith(".json") or os.path.sep in item:
+            try:
+                with open(item) as f:
+                    chosen.append(Scenario.from_json(f.read()))
+                refs[chosen[-1].name] = item
+            except FileNotFoundError:
+                raise UsageError(f"--scenario: no such file {item!r}") from None
+            except ValueError as e:
+                raise UsageError(f"--scenario {item}: {e}") from None
+        else:
+            chosen.append(find(scenarios, item))
+    return chosen, refs
+
+
+def _run(args) -> int:
+    from harness.device import cuda_available
+    from harness.profiles import get_profile
+    from harness.report import summary_table, write_outputs
+    from harness.runner import run
+
+    profile = get_profile(args.profile)
+    if args.device == "cuda" and not cuda_available():
+        raise UsageError("--device cuda: no CUDA device is available on this machine")
+    if args.seed < 0:
+        raise UsageError("--seed: expected a non-negative integer")
+    scenarios, refs = _select_scenarios(args, profile)
+    backends = args.backend or ["reference"]
+    progress, close = _progress(len(backends) * len(scenarios), disabled=args.no_progress)
+    try:
+        result = run(backends, scenarios, profile, args.seed, args.device, progress, refs)
+    finally:
+        close()
+    paths = write_outputs(result, args.out, argv=sys.argv)
+    print(summary_table(result))
+    print(f"results: {paths['results']}\nreport:  {paths['report']}")
+    return 1 if result.failed else 0
+
+
+def _progress(total, disabled):
+    if disabled or total == 0:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="scenario", file=sys.stderr, dynamic_ncols=True)
+    return bar.update, bar.close
+
+
+def _backends(args) -> int:
+    from harness.backends import describe_backends
+
+    for name, available, note in describe_backends():
+        print(f"{name:32s} {'available' if available else 'unavailable':12s} {note}")
+    return 0
+
+
+def _scenarios(args) -> int:
+    from harness.catalog import catalog
+    from harness.profiles import get_profile
+    from harness.runner import planned_trials
+
+    profile = get_profile(args.profile)
+    print(f"profile {profile.name}: alpha={profile.alpha:g} power={profile.power} detects TV >= {profile.tv}")
+    for s in catalog(profile, args.seed):
+        _, planned, count = planned_trials(s, profile)
+        print(f"{s.name:34s} {s.method:10s} V={s.vocab_size:<7d} templates={len(s.requests)} trials={count:<8d} checks={len(planned)}")
+    return 0
+
+
+def _power(args) -> int:
+    from harness import stats
+
+    if args.tv is not None:
+        n = stats.trials_for_tv(args.alpha, args.power, args.tv, args.df)
+        print(f"{n} trials detect every alternative with TV >= {args.tv} (alpha={args.alpha:g}, power={args.power}, df={args.df})")
+    else:
+        if args.trials <= 0:
+            raise UsageError("--trials: expected a positive integer")
+        tv = stats.detectable_tv(args.alpha, args.power, args.df, args.trials)
+        print(f"{args.trials} trials detect TV >= {tv:.6g} (alpha={args.alpha:g}, power={args.power}, df={args.df})")
+    return 0

@@ -1,0 +1,146 @@
+"""The one protocol every implementation under test implements.
+
+A backend is any object with
+
+* ``name: str``
+* ``sample(batch: VerifyBatch) -> tuple[tokens, num_emitted]``
+* optionally ``supports(batch) -> str | None``: ``None`` when it can run the batch, else a
+  one-line reason (a method it lacks, say); the runner reports that check as skipped.
+* optionally ``devices: tuple[str, ...]`` (default ``("cpu",)``).
+
+``sample`` receives a ``VerifyBatch`` of NumPy arrays in the layout engines use and
+returns ``tokens`` ``[num_requests, max_drafts + 1]`` (integers) and ``num_emitted``
+``[num_requests]``: request ``r`` emitted ``tokens[r, :num_emitted[r]]`` — its accepted
+drafts, then one replacement or bonus token. Slots past ``num_emitted`` are never read
+(vLLM MRV2 leaves them uninitialised). Torch or CuPy tensors are accepted as returns;
+``batch.to_torch(device)`` converts inputs for torch-based kernels.
+
+Layout (``B`` requests, ``d_r`` drafts for request ``r``, ``D = sum d_r``):
+
+=================  =====================  ==================================================
+field              shape / dtype          meaning
+=================  =====================  ==================================================
+target_logits      [D + B, V] float       rows of request r: ``cu_num_drafts[r] + r`` ..
+                                          ``cu_num_drafts[r+1] + r`` (``d_r + 1`` rows; row
+                                          ``j < d_r`` verifies draft ``j``, the last is the
+                                          bonus row). Before temperature; -inf = masked.
+draft_logits       [D, V_draft] or None   one row per draft, before temperature; None
+                                          verifies with no draft probabilities (point mass).
+draft_tokens       [D] int64              draft ids; -1 is a placeholder (never accepted).
+cu_num_drafts      [B + 1] int64          0, d_0, d_0 + d_1, ...
+temperature        [B] float64            per request; 0 = greedy.
+seeds              [B] int64              per request; with ``positions`` keys all noise.
+positions          [D + B] int64          absolute token position of every target row.
+methods            [B] int8               ``reference.methods.Method`` codes.
+synthetic_rates    [B, K] float64 or None conditional acceptance rates of synthetic requests.
+max_drafts         int                    K, the widest request's draft count.
+=================  =====================  ==================================================
+"""
+
+from dataclasses import dataclass, fields
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from reference.methods import Method
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def sample(self, batch: "VerifyBatch"): ...
+
+
+@dataclass(frozen=True)
+class VerifyBatch:
+    target_logits: np.ndarray
+    draft_logits: np.ndarray | None
+    draft_tokens: np.ndarray
+    cu_num_drafts: np.ndarray
+    temperature: np.ndarray
+    seeds: np.ndarray
+    positions: np.ndarray
+    methods: np.ndarray
+    synthetic_rates: np.ndarray | None
+    max_drafts: int
+
+    @property
+    def num_requests(self) -> int:
+        return self.cu_num_drafts.size - 1
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target_logits.shape[1]
+
+    @property
+    def num_drafts(self) -> np.ndarray:
+        return np.diff(self.cu_num_drafts)
+
+    def validate(self) -> "VerifyBatch":
+        """Raise ``ValueError`` naming the first malformed field."""
+        cu = self.cu_num_drafts
+        if cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or np.any(np.diff(cu) < 0):
+            raise ValueError("cu_num_drafts: expected a non-decreasing 1-D array starting at 0")
+        b, d = cu.size - 1, int(cu[-1])
+        if self.target_logits.ndim != 2 or self.target_logits.shape[0] != d + b:
+            raise ValueError(f"target_logits: expected shape [{d + b}, V], got {self.target_logits.shape}")
+        if self.target_logits.shape[1] < 1:
+            raise ValueError("target_logits: the vocabulary is empty")
+        if np.isposinf(self.target_logits).any():
+            raise ValueError("target_logits: +inf logits are not allowed (mask with -inf)")
+        if self.draft_logits is not None:
+            dl = self.draft_logits
+            if dl.ndim != 2 or dl.shape[0] != d or not 1 <= dl.shape[1] <= self.vocab_size:
+                raise ValueError(f"draft_logits: expected shape [{d}, V_draft <= {self.vocab_size}], got {dl.shape}")
+            if np.isnan(dl).any() or np.isposinf(dl).any():
+                raise ValueError("draft_logits: NaN or +inf draft logits are not allowed")
+        for name, size in (("draft_tokens", d), ("positions", d + b)):
+            arr = getattr(self, name)
+            if arr.shape != (size,) or not np.issubdtype(arr.dtype, np.integer):
+                raise ValueError(f"{name}: expected {size} integers, got shape {arr.shape} dtype {arr.dtype}")
+        tokens = self.draft_tokens
+        if ((tokens < -1) | (tokens >= self.vocab_size)).any():
+            bad = tokens[(tokens < -1) | (tokens >= self.vocab_size)][0]
+            raise ValueError(f"draft_tokens: id {bad} is outside [0, {self.vocab_size}) and not the placeholder -1")
+        for name in ("temperature", "seeds", "methods"):
+            if getattr(self, name).shape != (b,):
+                raise ValueError(f"{name}: expected shape [{b}], got {getattr(self, name).shape}")
+        t = self.temperature
+        if not np.all(np.isfinite(t)) or np.any(t < 0):
+            raise ValueError("temperature: must be finite and >= 0 (0 means greedy)")
+        if not np.isin(self.methods, [m.value for m in Method]).all():
+            raise ValueError(f"methods: codes must be among {[m.value for m in Method]}")
+        if self.max_drafts < int(np.max(np.diff(cu), initial=0)):
+            raise ValueError("max_drafts: smaller than the widest request's draft count")
+        synthetic = self.methods == Method.SYNTHETIC
+        if synthetic.any():
+            rates = self.synthetic_rates
+            if rates is None or rates.shape != (b, self.max_drafts):
+                raise ValueError(f"synthetic_rates: synthetic requests need rates of shape [{b}, {self.max_drafts}]")
+            r = rates[synthetic]
+            if not np.all((r >= 0) & (r <= 1)):
+                raise ValueError("synthetic_rates: conditional rates must lie in [0, 1]")
+        return self
+
+    def to_torch(self, device: str = "cpu") -> dict:
+        """The fields as torch tensors on ``device`` (None stays None)."""
+        import torch
+
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = torch.from_numpy(np.ascontiguousarray(value)).to(device) if isinstance(value, np.ndarray) else value
+        return out
+
+
+def as_numpy_outputs(result, num_requests: int, max_drafts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Normalize a backend's return value, naming what is malformed."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise ValueError("backend output: expected a (tokens, num_emitted) tuple")
+    tokens, emitted = (np.asarray(x.cpu() if hasattr(x, "cpu") else x) for x in result)
+    if tokens.shape != (num_requests, max_drafts + 1):
+        raise ValueError(f"backend output: tokens shape {tokens.shape}, expected {(num_requests, max_drafts + 1)}")
+    if emitted.shape != (num_requests,):
+        raise ValueError(f"backend output: num_emitted shape {emitted.shape}, expected {(num_requests,)}")
+    return tokens.astype(np.int64), emitted.astype(np.int64)

@@ -1,0 +1,73 @@
+"""Evidence: one typed record per check, and the run's results file.
+
+Reports read these records only; they never recompute statistics.
+"""
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+VERDICTS = ("pass", "fail", "error", "skipped")
+
+
+@dataclass
+class CheckRecord:
+    backend: str
+    scenario: str
+    template: int
+    check: str
+    verdict: str  # one of VERDICTS
+    kind: str  # exact | gof | binomial | error | skipped
+    statistic: float | None
+    df: int | None
+    p_value: float | None
+    alpha: float  # this check's own level (0 for exact checks)
+    holm_threshold: float | None  # what Holm compared the p-value with across the run
+    trials: int
+    detectable_tv: float | None  # smallest TV detected with the profile's power
+    tv_estimate: float | None
+    tv_ci: tuple[float, float] | None
+    message: str
+    reproducer: str
+    method: str = ""
+    cells: list | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for key, value in d.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                d[key] = None if math.isnan(value) else str(value)
+        return d
+
+
+def write_json_atomic(path: str, data) -> None:
+    """Write JSON through a temporary file and a rename: never a half-written file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,164 @@
+"""One runner for the CLI and pytest: scenarios -> backend -> tally -> checks -> records.
+
+Trial counts are fixed before sampling (the largest any planned check needs); the
+backend sees chunks of trials sized to a memory budget; only counts are kept. Checks are
+never retried. Holm's step-down controls the family-wise false-alarm rate of the run's
+``m`` statistical checks at ``alpha * m``: it rejects everything Bonferroni at per-check
+``alpha`` would, and more, so each check's stated power still holds.
+"""
+
+import shlex
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness import checks as checks_mod
+from harness.backends import load_backend
+from harness.profiles import Profile
+from harness.protocol import as_numpy_outputs
+from harness.records import CheckRecord
+from harness.scenarios import Scenario, materialize, trials
+from harness.stats import holm
+from harness.tally import TemplateTally, add_outputs
+
+
+@dataclass
+class RunResult:
+    records: list[CheckRecord]
+    profile: Profile
+    seed: int
+    family_alpha: float
+    seconds: float
+    backend_seconds: dict = field(default_factory=dict)
+    trials: dict = field(default_factory=dict)  # (backend, scenario) -> trials per template
+
+    @property
+    def failed(self) -> bool:
+        return any(r.verdict in ("fail", "error") for r in self.records)
+
+    def counts(self) -> dict:
+        out = {v: 0 for v in ("pass", "fail", "error", "skipped")}
+        for r in self.records:
+            out[r.verdict] += 1
+        return out
+
+
+def reproducer(backend: str, profile: Profile, seed: int, scenario_ref: str, device: str) -> str:
+    """The one-line command that reruns a scenario (``scenario_ref``: catalog name or JSON file)."""
+    cmd = [
+        "python",
+        "-m",
+        "harness",
+        "run",
+        "--backend",
+        backend,
+        "--profile",
+        profile.name,
+        "--seed",
+        str(seed),
+        "--scenario",
+        scenario_ref,
+    ]
+    if device != "cpu":
+        cmd += ["--device", device]
+    return shlex.join(cmd)
+
+
+def planned_trials(scenario: Scenario, profile: Profile) -> tuple[list, list[checks_mod.Check], int]:
+    templates = materialize(scenario)
+    planned = checks_mod.plan(scenario, templates, profile)
+    return templates, planned, max(c.design_trials for c in planned)
+
+
+def sample_scenario(backend, scenario: Scenario, templates, count: int, profile: Profile) -> list[TemplateTally]:
+    """Run ``count`` trials of every template through ``backend``; return the tallies."""
+    tallies = [TemplateTally(t.effective_drafts, scenario.vocab_size) for t in templates]
+    per_trial = sum(t.num_drafts + 1 for t in templates) * scenario.vocab_size
+    chunk = max(1, profile.chunk_elements // per_trial)
+    done = 0
+    while done < count:
+        n = min(chunk, count - done)
+        tr = trials(scenario, templates, done, n)
+        batch = tr.batch
+        result = backend.sample(batch)
+        tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
+        add_outputs(tallies, tokens, emitted, tr.drafts, done)
+        done += n
+    return tallies
+
+
+def run(
+    backend_names, scenarios: list[Scenario], profile: Profile, seed: int = 0, device: str = "cpu", progress=None, scenario_refs=None
+) -> RunResult:
+    """Verify every backend on every scenario. ``scenario_refs`` maps a scenario name to how
+    the reproducer names it (a JSON file path for scenarios that are not in the catalog)."""
+    start = time.perf_counter()
+    records: list[CheckRecord] = []
+    backend_seconds, trial_counts = {}, {}
+    rng = np.random.default_rng(seed)
+    for name in backend_names:
+        try:
+            backend = load_backend(name)
+            devices = getattr(backend, "devices", ("cpu",))
+            if device not in devices:
+                raise ValueError(f"backend {name!r} runs on {', '.join(devices)}, not {device}")
+            backend.device = device
+        except Exception as e:  # a backend that cannot load is that backend's verdict
+            records.append(_error_record(name, "-", -1, "load", str(e), ""))
+            if progress:
+                progress(len(scenarios))
+            continue
+        elapsed = 0.0
+        for scenario in scenarios:
+            repro = reproducer(name, profile, seed, (scenario_refs or {}).get(scenario.name, scenario.name), device)
+            try:
+                templates, planned, count = planned_trials(scenario, profile)
+                t0 = time.perf_counter()
+                tallies = sample_scenario(backend, scenario, templates, count, profile)
+                elapsed += time.perf_counter() - t0
+                trial_counts[(name, scenario.name)] = count
+                for check in planned:
+                    verdict = check.evaluate(tallies[check.template], rng)
+                    records.append(_record(name, scenario, check, verdict, repro))
+            except Exception as e:
+                detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+                records.append(_error_record(name, scenario.name, -1, "sample", detail, repro))
+            if progress:
+                progress(1)
+        backend_seconds[name] = elapsed
+    family = _apply_holm(records, profile.alpha)
+    return RunResult(records, profile, seed, family, time.perf_counter() - start, backend_seconds, trial_counts)
+
+
+def _record(backend, scenario, check, v, repro) -> CheckRecord:
+    if v.passed is None:
+        verdict = "skipped"
+    else:
+        verdict = "pass" if v.passed else "fail"
+    return CheckRecord(
+        backend=backend, scenario=scenario.name, template=check.template, check=check.name,
+        verdict=verdict, kind=v.kind, statistic=v.statistic, df=v.df, p_value=v.p_value,
+        alpha=v.alpha, holm_threshold=None, trials=v.trials, detectable_tv=v.detectable_tv,
+        tv_estimate=v.tv_estimate, tv_ci=v.tv_ci, message=v.message, reproducer=repro,
+        method=scenario.method, cells=v.cells, extra={"scenario_json": scenario.to_dict()},
+    )  # fmt: skip
+
+
+def _error_record(backend, scenario, template, stage, message, repro) -> CheckRecord:
+    return CheckRecord(
+        backend, scenario, template, stage, "error", "error", None, None, None, 0.0, None, 0, None, None, None, message, repro
+    )
+
+
+def _apply_holm(records: list[CheckRecord], alpha: float) -> float:
+    """Holm over every statistical check of the run; exact checks stand on their own."""
+    stat = [r for r in records if r.kind in ("gof", "binomial") and r.p_value is not None]
+    family = alpha * max(len(stat), 1)
+    if stat:
+        rejected, thresholds = holm([r.p_value for r in stat], family)
+        for r, rej, thr in zip(stat, rejected, thresholds):
+            r.holm_threshold = float(thr)
+            r.verdict = "fail" if rej else "pass"
+    return family

@@ -1,0 +1,318 @@
+"""Scenarios: serializable descriptions of what to verify, materialized from a seed.
+
+A scenario is pure data (JSON): a method, a vocabulary, request templates (draft count,
+temperature, target and draft distribution families, an optional placeholder) and a seed.
+``materialize`` turns it into float32 logits per template, deterministically; ``trials``
+repeats the templates into a ``VerifyBatch`` of independent trials, each request with its
+own seed and positions. The laws are computed from the same rounded logits the backend
+sees, so rounding cannot masquerade as a bias.
+"""
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+
+from harness.protocol import VerifyBatch
+from reference import synthetic as synth
+from reference.distributions import pad_vocab, softmax_rows
+from reference.methods import Method
+from reference.rng import Stream, hash64, uniforms
+from reference.rules import draw_from_row
+
+TARGET_FAMILIES = ("peaked", "flat", "heavy-tail", "topk", "tied")
+DRAFT_FAMILIES = TARGET_FAMILIES + ("near-target", "disjoint")
+METHOD_NAMES = ("greedy", "strict", "standard", "block", "synthetic")
+POSITION_RANGE = 1 << 20  # request start positions are spread over this range
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    num_drafts: int
+    temperature: float = 1.0
+    target: str = "peaked"
+    draft: str = "near-target"
+    placeholder_at: int | None = None  # draft index replaced by the placeholder -1
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    method: str
+    vocab_size: int
+    requests: tuple[RequestSpec, ...]
+    draft_vocab_size: int | None = None
+    draft_probs: bool = True  # the verifier receives draft logits
+    drafts: str = "fixed"  # "fixed": drawn once from the draft rows; "sampled": per trial
+    synthetic: dict | None = None  # {"mean_rate": r} | {"rates": [...]} | {"acceptance_length": L}
+    seed: int = 0
+    tags: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        _validate(self)
+
+    @property
+    def max_drafts(self) -> int:
+        return max(r.num_drafts for r in self.requests)
+
+    @property
+    def verify_method(self) -> Method:
+        return Method.STANDARD if self.method == "greedy" else Method.parse(self.method)
+
+    @property
+    def lossless(self) -> bool:
+        return self.verify_method.lossless
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["requests"] = [asdict(r) for r in self.requests]
+        d["tags"] = list(self.tags)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data) -> "Scenario":
+        if not isinstance(data, dict):
+            raise ValueError(f"scenario: expected a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"scenario: unknown field(s) {sorted(unknown)}")
+        missing = {"name", "method", "vocab_size", "requests"} - set(data)
+        if missing:
+            raise ValueError(f"scenario: missing field(s) {sorted(missing)}")
+        reqs = data["requests"]
+        if not isinstance(reqs, list) or not reqs:
+            raise ValueError("scenario.requests: expected a non-empty list of request objects")
+        specs = []
+        req_fields = {f.name for f in fields(RequestSpec)}
+        for i, r in enumerate(reqs):
+            if not isinstance(r, dict) or set(r) - req_fields or "num_drafts" not in r:
+                raise ValueError(f"scenario.requests[{i}]: expected an object with num_drafts and only {sorted(req_fields)}")
+            specs.append(RequestSpec(**r))
+        return cls(**{**data, "requests": tuple(specs), "tags": tuple(data.get("tags", ()))})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Scenario":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"scenario JSON: {e}") from None
+        return cls.from_dict(data)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _validate(s: Scenario) -> None:
+    if not isinstance(s.name, str) or not s.name:
+        raise ValueError("scenario.name: expected a non-empty string")
+    if s.method not in METHOD_NAMES:
+        raise ValueError(f"scenario.method: {s.method!r} is not one of {METHOD_NAMES}")
+    if not _is_int(s.vocab_size) or s.vocab_size < 2:
+        raise ValueError(f"scenario.vocab_size: expected an integer >= 2, got {s.vocab_size!r}")
+    if s.draft_vocab_size is not None and not (_is_int(s.draft_vocab_size) and 2 <= s.draft_vocab_size <= s.vocab_size):
+        raise ValueError(f"scenario.draft_vocab_size: expected an integer in [2, vocab_size], got {s.draft_vocab_size!r}")
+    if s.drafts not in ("fixed", "sampled"):
+        raise ValueError(f"scenario.drafts: expected 'fixed' or 'sampled', got {s.drafts!r}")
+    if not _is_int(s.seed) or s.seed < 0:
+        raise ValueError(f"scenario.seed: expected a non-negative integer, got {s.seed!r}")
+    if not isinstance(s.draft_probs, bool):
+        raise ValueError("scenario.draft_probs: expected true or false")
+    for i, r in enumerate(s.requests):
+        where = f"scenario.requests[{i}]"
+        if not _is_int(r.num_drafts) or not 0 <= r.num_drafts <= 32:
+            raise ValueError(f"{where}.num_drafts: expected an integer in [0, 32], got {r.num_drafts!r}")
+        t = r.temperature
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"{where}.temperature: expected a finite number >= 0, got {t!r}")
+        if s.method == "greedy" and t != 0:
+            raise ValueError(f"{where}.temperature: greedy scenarios need temperature 0, got {t!r}")
+        if r.target not in TARGET_FAMILIES:
+            raise ValueError(f"{where}.target: {r.target!r} is not one of {TARGET_FAMILIES}")
+        if r.draft not in DRAFT_FAMILIES:
+            raise ValueError(f"{where}.draft: {r.draft!r} is not one of {DRAFT_FAMILIES}")
+        if r.placeholder_at is not None:
+            if not _is_int(r.placeholder_at) or not 0 <= r.placeholder_at < r.num_drafts:
+                raise ValueError(f"{where}.placeholder_at: expected a draft index in [0, {r.num_drafts}), got {r.placeholder_at!r}")
+            if s.drafts != "fixed":
+                raise ValueError(f"{where}.placeholder_at: placeholders need fixed drafts")
+    if (s.method == "synthetic") != (s.synthetic is not None):
+        raise ValueError("scenario.synthetic: required exactly when method is 'synthetic'")
+    if s.synthetic is not None:
+        keys = set(s.synthetic) if isinstance(s.synthetic, dict) else set()
+        if len(keys) != 1 or not keys <= {"mean_rate", "rates", "acceptance_length"}:
+            raise ValueError("scenario.synthetic: expected one of {'mean_rate': r}, {'rates': [...]}, {'acceptance_length': L}")
+        conditional_rates(s)  # raises with the reason when the parameters are invalid
+
+
+def conditional_rates(s: Scenario) -> np.ndarray:
+    """Synthetic conditional acceptance rates for steps 0..K-1 (zeros when not synthetic)."""
+    k = s.max_drafts
+    if s.synthetic is None:
+        return np.zeros(k)
+    if "mean_rate" in s.synthetic:
+        if k == 0:
+            return np.zeros(0)
+        return synth.conditional_rates_for_mean(float(s.synthetic["mean_rate"]), k)
+    if "rates" in s.synthetic:
+        rates = synth.check_unconditional(s.synthetic["rates"])
+        if rates.size != k:
+            raise ValueError(f"scenario.synthetic.rates: expected {k} rates (max draft count), got {rates.size}")
+        return synth.unconditional_to_conditional(rates)
+    return synth.unconditional_to_conditional(synth.rates_for_acceptance_length(float(s.synthetic["acceptance_length"]), k))
+
+
+# --- distribution families ---------------------------------------------------------------
+def family_logits(name: str, rng: np.random.Generator, vocab: int, target: np.ndarray | None = None) -> np.ndarray:
+    """float64 logits of one row from a named family (draft families may look at ``target``)."""
+    if name == "flat":
+        return rng.normal(0.0, 0.3, vocab)
+    if name == "peaked":
+        return rng.normal(0.0, 2.5, vocab)
+    if name == "heavy-tail":
+        return -1.1 * np.log1p(rng.permutation(vocab).astype(np.float64))
+    if name == "topk":
+        x = rng.normal(0.0, 1.5, vocab)
+        keep = max(2, vocab // 4)
+        x[np.argsort(-x)[keep:]] = -np.inf
+        return x
+    if name == "tied":
+        x = rng.normal(0.0, 1.0, vocab)
+        x[rng.choice(vocab, size=min(3, vocab), replace=False)] = x.max() + 1.0
+        return x
+    if name == "near-target":
+        base = target[:vocab]
+        return np.where(np.isfinite(base), base + rng.normal(0.0, 0.3, vocab), -np.inf)
+    if name == "disjoint":
+        order = np.argsort(-np.where(np.isfinite(target[:vocab]), target[:vocab], -np.inf))
+        x = rng.normal(0.0, 1.0, vocab)
+        x[order[: max(1, vocab // 2)]] = -np.inf
+        return x
+    raise ValueError(f"family: unknown distribution family {name!r}")
+
+
+@dataclass(frozen=True)
+class Template:
+    """One materialized request template: float32 logits and the laws' inputs."""
+
+    spec: RequestSpec
+    method: Method
+    target_logits: np.ndarray  # [d+1, V] float32
+    proposal_logits: np.ndarray  # [d, V_draft] float32 (drafts come from these)
+    drafts: np.ndarray | None  # [d] fixed draft ids (with placeholders), None when sampled
+    rates: np.ndarray  # [d] synthetic conditional rates
+
+    @property
+    def num_drafts(self) -> int:
+        return self.spec.num_drafts
+
+    @property
+    def effective_drafts(self) -> int:
+        """Drafts before the first placeholder: the ones that can be accepted."""
+        if self.drafts is None:
+            return self.num_drafts
+        return int(np.argmax(np.append(self.drafts, -1) < 0))
+
+    def target_probs(self) -> np.ndarray:
+        return softmax_rows(self.target_logits, self.spec.temperature)
+
+    def proposal_probs(self) -> np.ndarray:
+        vocab = self.target_logits.shape[1]
+        return pad_vocab(softmax_rows(self.proposal_logits, self.spec.temperature), vocab)
+
+    def sampling_probs(self) -> np.ndarray:
+        """The law drafts are drawn from: the draft rows, at temperature 1 when greedy."""
+        vocab = self.target_logits.shape[1]
+        t = self.spec.temperature or 1.0
+        return pad_vocab(softmax_rows(self.proposal_logits, t), vocab)
+
+
+def materialize(s: Scenario) -> list[Template]:
+    """Deterministic float32 logits (and fixed drafts) for every request template."""
+    vocab = s.vocab_size
+    draft_vocab = s.draft_vocab_size or vocab
+    rates = conditional_rates(s)
+    out = []
+    for i, spec in enumerate(s.requests):
+        rng = np.random.default_rng([s.seed, i])
+        d = spec.num_drafts
+        target = np.stack([family_logits(spec.target, rng, vocab) for _ in range(d + 1)]).astype(np.float32)
+        proposal = np.zeros((d, draft_vocab), dtype=np.float32)
+        for j in range(d):
+            proposal[j] = family_logits(spec.draft, rng, draft_vocab, target[j].astype(np.float64))
+        template = Template(spec, s.verify_method, target, proposal, None, rates[:d])
+        if s.drafts == "fixed":
+            probs = template.sampling_probs()
+            drafts = np.array([rng.choice(vocab, p=row / row.sum()) for row in probs], dtype=np.int64)
+            if spec.placeholder_at is not None:
+                drafts[spec.placeholder_at] = -1
+            template = Template(spec, s.verify_method, target, proposal, drafts, rates[:d])
+        out.append(template)
+    return out
+
+
+@dataclass(frozen=True)
+class Trials:
+    """A batch of trials: request ``t * T + i`` is trial ``t`` of template ``i``."""
+
+    batch: VerifyBatch
+    drafts: np.ndarray  # [count, T, K] draft ids per trial (-1 past each template's count)
+    first_trial: int
+
+
+def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Trials:
+    """``count`` trials of every template, starting at global trial index ``first``."""
+    t_count = len(templates)
+    k = s.max_drafts
+    counts = np.array([t.num_drafts for t in templates], dtype=np.int64)
+    req_index = (first + np.arange(count))[:, None] * t_count + np.arange(t_count)[None, :]  # [count, T]
+    drafts = np.full((count, t_count, k), -1, dtype=np.int64)
+    for i, t in enumerate(templates):
+        d = t.num_drafts
+        if d == 0:
+            continue
+        if t.drafts is not None:
+            drafts[:, i, :d] = t.drafts
+        else:
+            probs = t.sampling_probs()
+            u = uniforms(hash64(s.seed, req_index[:, i])[:, None], np.arange(d)[None, :], Stream.DRAFT)
+            for j in range(d):
+                drafts[:, i, j] = draw_from_row(probs[j], u[:, j])
+    target_block = np.concatenate([t.target_logits for t in templates])
+    target = np.tile(target_block, (count, 1))
+    draft_block = (
+        np.concatenate([t.proposal_logits for t in templates])
+        if counts.sum()
+        else np.zeros((0, s.draft_vocab_size or s.vocab_size), np.float32)
+    )
+    draft_logits = np.tile(draft_block, (count, 1)) if s.draft_probs else None
+    flat_drafts = np.concatenate([drafts[:, i, : t.num_drafts] for i, t in enumerate(templates)], axis=1).reshape(-1)
+    per_req_counts = np.tile(counts, count)
+    cu = np.concatenate([[0], np.cumsum(per_req_counts)])
+    seeds = hash64(s.seed, req_index.reshape(-1), 1)
+    base = hash64(s.seed, req_index.reshape(-1), 2) % POSITION_RANGE
+    local = np.concatenate([np.arange(c + 1) for c in counts])
+    positions = np.repeat(base, per_req_counts + 1) + np.tile(local, count)
+    temps = np.tile(np.array([t.spec.temperature for t in templates], dtype=np.float64), count)
+    methods = np.tile(np.array([t.method for t in templates], dtype=np.int8), count)
+    rates = None
+    if s.verify_method is Method.SYNTHETIC:
+        rates = np.tile(conditional_rates(s)[None, :], (count * t_count, 1))
+    batch = VerifyBatch(
+        target_logits=target,
+        draft_logits=draft_logits,
+        draft_tokens=flat_drafts,
+        cu_num_drafts=cu,
+        temperature=temps,
+        seeds=seeds,
+        positions=positions.astype(np.int64),
+        methods=methods,
+        synthetic_rates=rates,
+        max_drafts=k,
+    )
+    return Trials(batch=batch, drafts=drafts, first_trial=first)

@@ -1,0 +1,66 @@
+"""Logits -> float64 probabilities under the suite's conventions (see ``reference``)."""
+
+import numpy as np
+
+
+def degenerate_rows(logits: np.ndarray) -> np.ndarray:
+    """Rows with a NaN or with no finite logit: treated as a point mass on token 0."""
+    return ~np.isfinite(np.max(logits, axis=-1))  # a NaN propagates through max
+
+
+def greedy_tokens(logits: np.ndarray) -> np.ndarray:
+    """Argmax per row, ties to the lowest id; degenerate rows give token 0."""
+    logits = np.asarray(logits)
+    return np.where(degenerate_rows(logits), 0, np.argmax(logits, axis=-1)).astype(np.int64)
+
+
+def softmax_rows(logits: np.ndarray, temperature) -> np.ndarray:
+    """float64 ``softmax(logits / T)`` per row; ``T == 0`` rows give the greedy one-hot."""
+    x = np.array(logits, dtype=np.float64)  # a private copy, worked on in place
+    t = np.broadcast_to(np.asarray(temperature, dtype=np.float64), x.shape[:-1])
+    greedy = t == 0
+    top = x.max(axis=-1, keepdims=True)  # NaN rows give NaN, rows with no finite logit -inf
+    point = greedy | ~np.isfinite(top[..., 0])
+    one_hot = None
+    if point.all():
+        x[...] = 0.0
+        np.put_along_axis(x, greedy_tokens(logits)[..., None], 1.0, axis=-1)
+        return x
+    if point.any():
+        one_hot = np.zeros(x[point].shape)
+        np.put_along_axis(one_hot, greedy_tokens(x[point])[..., None], 1.0, axis=-1)
+    with np.errstate(invalid="ignore"):
+        x -= top
+        x /= np.where(greedy, 1.0, t)[..., None]
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    if one_hot is not None:
+        x[point] = one_hot
+    return x
+
+
+def pad_vocab(probs: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Give probability 0 to ids a smaller (draft) vocabulary lacks."""
+    width = probs.shape[-1]
+    if width == vocab_size:
+        return probs
+    if width > vocab_size:
+        raise ValueError(f"draft vocabulary ({width}) is larger than the target's ({vocab_size})")
+    pad = [(0, 0)] * (probs.ndim - 1) + [(0, vocab_size - width)]
+    return np.pad(probs, pad)
+
+
+def check_probs(probs: np.ndarray, name: str, atol: float = 1e-9) -> np.ndarray:
+    """Validate probability rows: finite, non-negative, each row summing to 1."""
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim < 1 or probs.shape[-1] == 0:
+        raise ValueError(f"{name}: expected rows of probabilities, got shape {probs.shape}")
+    if not np.isfinite(probs).all():
+        raise ValueError(f"{name}: probabilities must be finite (found NaN or inf)")
+    if (probs < 0).any():
+        raise ValueError(f"{name}: probabilities must be non-negative (min {probs.min():.3g})")
+    sums = probs.sum(axis=-1)
+    worst = np.max(np.abs(sums - 1.0), initial=0.0)
+    if worst > atol * max(1, probs.shape[-1]):
+        raise ValueError(f"{name}: each row must sum to 1 (off by {worst:.3g})")
+    return probs

@@ -1,0 +1,24 @@
+"""Names of the verification methods and their integer codes in a batch."""
+
+from enum import IntEnum
+
+
+class Method(IntEnum):
+    """Per-request verification method. Temperature 0 makes any lossless method greedy."""
+
+    STANDARD = 0  # Leviathan et al. 2023 / Chen et al. 2023
+    STRICT = 1  # target samples y ~ target; accept iff y == draft
+    BLOCK = 2  # Sun et al. 2024, block verification
+    SYNTHETIC = 3  # lossy: forced conditional acceptance rates
+
+    @classmethod
+    def parse(cls, name: str) -> "Method":
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            known = ", ".join(m.name.lower() for m in cls)
+            raise ValueError(f"method: unknown method {name!r} (known: {known})") from None
+
+    @property
+    def lossless(self) -> bool:
+        return self is not Method.SYNTHETIC

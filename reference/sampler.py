@@ -1,0 +1,188 @@
+"""The vectorized float64 reference sampler.
+
+``ReferenceSampler().sample(batch)`` takes a batch in the harness protocol's layout
+(``harness.protocol.VerifyBatch``; any object with the same attributes works) and returns
+``(tokens [B, K+1] int64, num_emitted [B] int64)``; slots past ``num_emitted`` hold -1.
+Work is vectorized over requests and loops only over draft steps. Each step of the
+algorithm is a method, so a planted fault (``harness.faults``) overrides exactly one of them.
+"""
+
+import numpy as np
+
+from reference import rules
+from reference.distributions import pad_vocab, softmax_rows
+from reference.methods import Method
+from reference.rng import Stream, uniforms
+
+
+class ReferenceSampler:
+    """Greedy, strict, standard (with or without draft probabilities), block, synthetic."""
+
+    stop_at_rejection = True  # a rejection ends the request's verification
+
+    # --- inputs -----------------------------------------------------------------------
+    def target_probs(self, logits: np.ndarray, temperature: np.ndarray) -> np.ndarray:
+        return softmax_rows(logits, temperature)
+
+    def draft_probs(self, logits, temperature: np.ndarray, vocab_size: int):
+        if logits is None:
+            return None
+        return pad_vocab(softmax_rows(logits, temperature), vocab_size)
+
+    def effective_draft_counts(self, draft_tokens: np.ndarray, cu_num_drafts: np.ndarray):
+        """Drafts end at the first placeholder (-1), which is never accepted."""
+        counts = np.diff(cu_num_drafts)
+        holes = np.flatnonzero(draft_tokens < 0)
+        out = counts.copy()
+        if holes.size:
+            owner = np.searchsorted(cu_num_drafts, holes, side="right") - 1
+            np.minimum.at(out, owner, holes - cu_num_drafts[owner])
+        return out
+
+    # --- one draft step ---------------------------------------------------------------
+    def accept(self, method, target_rows, draft_rows, x, u_accept, rates, target_sample):
+        """Whether each request accepts its draft ``x`` at this step."""
+        accept = u_accept < rules.acceptance_probability(target_rows, draft_rows, x)
+        accept = np.where(method == Method.STRICT, target_sample == x, accept)
+        return np.where(method == Method.SYNTHETIC, u_accept < rates, accept)
+
+    def residual_uniform(self, seeds, positions, u_accept):
+        return uniforms(seeds, positions, Stream.RESIDUAL)
+
+    def rejection_token(self, method, target_rows, draft_rows, x, u, target_sample):
+        weights = rules.residual_weights(target_rows, draft_rows, x)
+        drawn = rules.inverse_cdf(weights, u)
+        return np.where(method == Method.STRICT, target_sample, drawn)
+
+    def bonus_row(self, row_start: np.ndarray, num_drafts: np.ndarray) -> np.ndarray:
+        return row_start + num_drafts
+
+    def bonus_token(self, target_rows, u):
+        return rules.inverse_cdf(target_rows, u)
+
+    # --- the whole batch --------------------------------------------------------------
+    def sample(self, batch):
+        cu = np.asarray(batch.cu_num_drafts, dtype=np.int64)
+        num_reqs = cu.size - 1
+        counts = np.diff(cu)
+        starts = cu[:-1]
+        row_start = starts + np.arange(num_reqs)
+        temperature = np.asarray(batch.temperature, dtype=np.float64)
+        seeds = np.asarray(batch.seeds)
+        positions = np.asarray(batch.positions)
+        methods = np.asarray(batch.methods)
+        drafts = np.asarray(batch.draft_tokens, dtype=np.int64)
+        vocab = batch.target_logits.shape[-1]
+        width = int(batch.max_drafts) + 1
+
+        target = self.target_probs(batch.target_logits, np.repeat(temperature, counts + 1))
+        draft = self.draft_probs(batch.draft_logits, np.repeat(temperature, counts), vocab)
+        num_drafts = self.effective_draft_counts(drafts, cu)
+
+        tokens = np.full((num_reqs, width), -1, dtype=np.int64)
+        emitted = np.zeros(num_reqs, dtype=np.int64)
+        block = methods == Method.BLOCK
+        chain = ~block
+        if chain.any():
+            self._verify_chain(
+                np.flatnonzero(chain), target, draft, drafts, starts, row_start, num_drafts,
+                seeds, positions, methods, batch.synthetic_rates, tokens, emitted,
+            )  # fmt: skip
+        if block.any():
+            self._verify_block(
+                np.flatnonzero(block), target, draft, drafts, starts, row_start, num_drafts,
+                seeds, positions, tokens, emitted,
+            )  # fmt: skip
+        return tokens, emitted
+
+    def _verify_chain(self, reqs, target, draft, drafts, starts, row_start, num_drafts,
+                      seeds, positions, methods, rates, tokens, emitted):  # fmt: skip
+        verifying = np.ones(reqs.size, dtype=bool)
+        for step in range(int(num_drafts[reqs].max(initial=0))):
+            live = verifying & (step < num_drafts[reqs])
+            if not live.any():
+                break
+            r = reqs[live]
+            rows = row_start[r] + step
+            x = drafts[starts[r] + step]
+            target_rows = target[rows]
+            draft_rows = None if draft is None else draft[starts[r] + step]
+            u_accept = uniforms(seeds[r], positions[rows], Stream.ACCEPT)
+            step_rates = np.zeros(r.size) if rates is None else np.asarray(rates)[r, step]
+            sample = np.full(r.size, -1, dtype=np.int64)
+            strict = methods[r] == Method.STRICT
+            if strict.any():
+                u_target = uniforms(seeds[r[strict]], positions[rows[strict]], Stream.TARGET)
+                sample[strict] = rules.inverse_cdf(target_rows[strict], u_target)
+            ok = self.accept(methods[r], target_rows, draft_rows, x, u_accept, step_rates, sample)
+            tokens[r[ok], step] = x[ok]
+            bad = ~ok
+            if bad.any():
+                u = self.residual_uniform(seeds[r[bad]], positions[rows[bad]], u_accept[bad])
+                tokens[r[bad], step] = self.rejection_token(
+                    methods[r[bad]],
+                    target_rows[bad],
+                    None if draft_rows is None else draft_rows[bad],
+                    x[bad],
+                    u,
+                    sample[bad],
+                )
+                if self.stop_at_rejection:
+                    idx = np.flatnonzero(live)[bad]
+                    verifying[idx] = False
+            emitted[r] = step + 1
+        done = reqs[verifying]
+        rows = self.bonus_row(row_start[done], num_drafts[done])
+        u = uniforms(seeds[done], positions[rows], Stream.RESIDUAL)
+        tokens[done, num_drafts[done]] = self.bonus_token(target[rows], u)
+        emitted[done] = num_drafts[done] + 1
+
+    def _verify_block(self, reqs, target, draft, drafts, starts, row_start, num_drafts,
+                      seeds, positions, tokens, emitted):  # fmt: skip
+        n = num_drafts[reqs]
+        depth = int(n.max(initial=0))
+        vocab = target.shape[-1]
+
+        def draft_row(r, i):
+            if draft is not None:
+                return draft[starts[r] + i]
+            one_hot = np.zeros((r.size, vocab))
+            one_hot[np.arange(r.size), drafts[starts[r] + i]] = 1.0
+            return one_hot
+
+        rho = np.ones((reqs.size, depth + 1))
+        stop = np.zeros(reqs.size, dtype=np.int64)
+        for i in range(1, depth + 1):
+            live = i <= n
+            r = reqs[live]
+            prev_rows = row_start[r] + i - 1
+            x = drafts[starts[r] + i - 1]
+            t_x = target[prev_rows, x]
+            q_x = draft_row(r, i - 1)[np.arange(r.size), x]
+            rho[live, i] = np.minimum(rho[live, i - 1] * rules.ratio(t_x, q_x), 1.0)
+            h = rho[live, i].copy()
+            inner = i < n[live]
+            if inner.any():
+                ri = r[inner]
+                res = rules.block_residual(rho[live, i][inner], target[row_start[ri] + i], draft_row(ri, i))
+                mass = res.sum(axis=-1)
+                denom = mass + 1.0 - rho[live, i][inner]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    h[inner] = np.where(denom > 0, mass / denom, 1.0)
+            eta = uniforms(seeds[r], positions[prev_rows], Stream.BLOCK)
+            stop[live] = np.where(eta <= h, i, stop[live])
+        for i in range(depth):
+            kept = i < stop
+            tokens[reqs[kept], i] = drafts[starts[reqs[kept]] + i]
+        rows = row_start[reqs] + stop
+        full = stop == n
+        weights = target[rows].copy()
+        part = ~full
+        if part.any():
+            rp = reqs[part]
+            res = rules.block_residual(rho[part, stop[part]], target[rows[part]], draft_row(rp, stop[part]))
+            has_mass = res.sum(axis=-1) > 0
+            weights[part] = np.where(has_mass[:, None], res, weights[part])
+        u = uniforms(seeds[reqs], positions[rows], Stream.RESIDUAL)
+        tokens[reqs, stop] = rules.inverse_cdf(weights, u)
+        emitted[reqs] = stop + 1

@@ -1,0 +1,43 @@
+"""Verify backends named on the command line: ``pytest suites/ --backend pkg.mod:Sampler``.
+
+Each named backend runs the whole catalog of ``--profile`` (default ci) through the same
+runner as ``python -m harness run``; the test fails with the failing checks' reproducers.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.catalog import catalog
+from harness.runner import run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_user_backend(user_backend, run_profile, run_seed):
+    result = run([user_backend], catalog(run_profile, run_seed), run_profile, run_seed)
+    bad = [
+        f"{r.scenario}[{r.template}] {r.check}: {r.verdict}: {r.message}\n  {r.reproducer}"
+        for r in result.records
+        if r.verdict in ("fail", "error")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_backend_option_reaches_the_runner():
+    """The pytest option works end to end, including a failing fault."""
+    base = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "suites/test_backends.py::test_user_backend",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--profile",
+        "smoke",
+    ]
+    ok = subprocess.run(base + ["--backend", "reference.sampler:ReferenceSampler"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0, ok.stdout[-2000:]
+    bad = subprocess.run(base + ["--backend", "fault:bonus-wrong-row"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1 and "python -m harness run --backend fault:bonus-wrong-row" in bad.stdout

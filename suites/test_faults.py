@@ -1,0 +1,42 @@
+"""Every planted fault is caught by the CPU ``ci`` profile, by the check we expect."""
+
+import pytest
+
+from harness.catalog import catalog
+from harness.faults import FAULTS
+from harness.profiles import get_profile
+from harness.runner import run
+
+PROFILE = get_profile("ci")
+
+# fault -> (checks that must be among the catching ones, a scenario that must catch it)
+EXPECTED = {
+    "ignore-draft-probs": ({"outcome-law", "acceptance-length", "position-law"}, "standard-sampled"),
+    "unclamped-residual": ({"outcome-law"}, "standard-near-target"),
+    "residual-is-target": ({"outcome-law", "position-law"}, "standard-peaked-vs-flat"),
+    "bonus-wrong-row": ({"outcome-law", "position-law"}, "standard-near-target"),
+    "continue-after-reject": ({"structure"}, "standard-near-target"),
+    "greedy-tie-highest": ({"outcome-law"}, "greedy-ties"),
+    "accept-placeholder": ({"structure"}, "standard-placeholder"),
+    "reuse-uniform": ({"outcome-law"}, "standard-near-target"),
+}
+
+
+def test_every_fault_has_an_expectation():
+    assert set(EXPECTED) == set(FAULTS)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_fault_is_caught_by_the_ci_profile(fault):
+    result = run([f"fault:{fault}"], catalog(PROFILE, seed=0), PROFILE, seed=0)
+    caught = [r for r in result.records if r.verdict == "fail"]
+    assert not [r for r in result.records if r.verdict == "error"]
+    checks = {r.check for r in caught}
+    scenarios = {r.scenario for r in caught}
+    must_checks, must_scenario = EXPECTED[fault]
+    summary = sorted({(r.scenario, r.check) for r in caught})
+    assert checks & must_checks, f"{fault} caught only by {summary}"
+    assert must_scenario in scenarios, f"{fault} caught only by {summary}"
+    # The catching evidence is decisive, not marginal: a p-value far below the run's Holm level.
+    strongest = min(r.p_value for r in caught if r.p_value is not None)
+    assert strongest <= PROFILE.alpha

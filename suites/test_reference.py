@@ -1,0 +1,136 @@
+"""The reference sampler against its exact laws, and its determinism and tail reach."""
+
+import numpy as np
+import pytest
+
+from harness import stats
+from harness.catalog import catalog
+from harness.profiles import get_profile
+from harness.protocol import VerifyBatch
+from harness.runner import run
+from harness.scenarios import RequestSpec, Scenario, materialize, trials
+from reference.methods import Method
+from reference.rng import Stream, uniforms
+from reference.rules import draw_from_row, inverse_cdf
+from reference.sampler import ReferenceSampler
+
+PROFILE = get_profile("ci")
+
+
+@pytest.fixture(scope="module")
+def ci_run():
+    return run(["reference"], catalog(PROFILE, seed=0), PROFILE, seed=0)
+
+
+def test_reference_passes_every_check_of_the_ci_catalog(ci_run):
+    bad = [(r.scenario, r.template, r.check, r.verdict, r.message) for r in ci_run.records if r.verdict != "pass"]
+    assert not bad, bad
+    methods = {r.method for r in ci_run.records}
+    assert methods == {"greedy", "strict", "standard", "block", "synthetic"}
+    assert len({r.scenario for r in ci_run.records}) >= 25
+
+
+def test_every_check_has_the_profile_power(ci_run):
+    """Trial counts come from the calculator: every check detects the profile's TV."""
+    for r in ci_run.records:
+        assert r.detectable_tv <= PROFILE.tv + 1e-12, (r.scenario, r.check, r.detectable_tv, r.trials)
+        if r.kind in ("gof", "binomial"):
+            assert r.alpha == PROFILE.alpha and r.holm_threshold >= PROFILE.alpha
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_scenarios_pass(seed):
+    """Scenarios beyond the catalog: random families, counts, temperatures and methods."""
+    rng = np.random.default_rng(seed)
+    method = ["standard", "strict", "block", "greedy"][seed % 4]
+    families = ["peaked", "flat", "heavy-tail", "topk", "tied"]
+    reqs = tuple(
+        RequestSpec(
+            int(rng.integers(0, 4)),
+            0 if method == "greedy" else float(rng.choice([0.5, 1.0, 1.7])),
+            str(rng.choice(families)),
+            str(rng.choice(families + ["near-target", "disjoint"])),
+        )
+        for _ in range(3)
+    )
+    drafts = "sampled" if seed % 3 == 0 else "fixed"
+    scenario = Scenario(f"random-{seed}", method, int(rng.integers(3, 9)), reqs, drafts=drafts, draft_probs=bool(seed % 2), seed=seed)
+    result = run(["reference"], [scenario], get_profile("smoke"), seed=seed)
+    assert not result.failed, [(r.check, r.message) for r in result.records if r.verdict != "pass"]
+
+
+def test_same_seed_same_counts_and_verdicts():
+    scenarios = catalog(get_profile("smoke"), seed=3)[:6]
+    a = run(["reference"], scenarios, get_profile("smoke"), seed=3)
+    b = run(["reference"], scenarios, get_profile("smoke"), seed=3)
+    assert [(r.statistic, r.p_value, r.verdict) for r in a.records] == [(r.statistic, r.p_value, r.verdict) for r in b.records]
+
+
+def _batch(templates_scenario, count, first=0):
+    templates = materialize(templates_scenario)
+    return trials(templates_scenario, templates, first, count).batch
+
+
+def _subset(batch: VerifyBatch, keep: np.ndarray) -> VerifyBatch:
+    """The same requests without their batch mates."""
+    counts = batch.num_drafts
+    row_start = batch.cu_num_drafts[:-1] + np.arange(batch.num_requests)
+    rows = np.concatenate([np.arange(row_start[r], row_start[r] + counts[r] + 1) for r in keep])
+    drafts = np.concatenate([np.arange(batch.cu_num_drafts[r], batch.cu_num_drafts[r + 1]) for r in keep])
+    return VerifyBatch(
+        batch.target_logits[rows], None if batch.draft_logits is None else batch.draft_logits[drafts], batch.draft_tokens[drafts],
+        np.concatenate([[0], np.cumsum(counts[keep])]), batch.temperature[keep], batch.seeds[keep], batch.positions[rows],
+        batch.methods[keep], None if batch.synthetic_rates is None else batch.synthetic_rates[keep], batch.max_drafts,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["standard", "strict", "block"])
+def test_output_does_not_depend_on_batch_mates(method):
+    scenario = Scenario("mates", method, 9, (RequestSpec(3), RequestSpec(1, 0.7, "flat"), RequestSpec(0)), drafts="sampled", seed=4)
+    batch = _batch(scenario, 40)
+    tokens, emitted = ReferenceSampler().sample(batch.validate())
+    keep = np.arange(batch.num_requests)[::7]
+    sub_tokens, sub_emitted = ReferenceSampler().sample(_subset(batch, keep).validate())
+    np.testing.assert_array_equal(sub_emitted, emitted[keep])
+    np.testing.assert_array_equal(sub_tokens, tokens[keep])
+
+
+def test_uniforms_are_never_zero_or_one():
+    u = uniforms(np.arange(200_000), np.arange(200_000) * 7, Stream.ACCEPT)
+    assert u.min() > 0 and u.max() < 1
+    assert abs(u.mean() - 0.5) < 5 * np.sqrt(1 / 12 / u.size)
+
+
+def test_inverse_cdf_reaches_the_far_tail():
+    """vLLM #43150: fp32 noise never drew tokens ~17 nats below the max. Here 2**18 tail
+    tokens, each ~1e-10 of the mass (23 nats below the head), are drawn at their total rate."""
+    vocab = 1 << 18
+    logits = np.full(vocab, -23.0)
+    logits[0] = 0.0
+    p = np.exp(logits)
+    p /= p.sum()
+    tail = 1 - p[0]  # ~2.7e-5 in all
+    n = 4_000_000  # ~107 expected tail draws: starving the tail fails at p ~ e^-107
+    draws = draw_from_row(p, uniforms(np.arange(n), 0, Stream.RESIDUAL))
+    hits = int((draws > 0).sum())
+    assert stats.binomial_test(hits, n, tail) > 1e-6, (hits, n * tail)
+
+
+def test_one_row_and_many_row_draws_agree():
+    rng = np.random.default_rng(0)
+    w = rng.random(50) ** 4
+    w[[3, 17, 49]] = 0.0
+    u = uniforms(np.arange(5000), 1, Stream.RESIDUAL)
+    np.testing.assert_array_equal(draw_from_row(w, u), inverse_cdf(np.broadcast_to(w, (u.size, w.size)), u))
+
+
+def test_placeholder_is_never_accepted_and_ends_the_drafts():
+    scenario = Scenario("holes", "standard", 6, (RequestSpec(3, placeholder_at=1),), seed=2)
+    batch = _batch(scenario, 2000)
+    tokens, emitted = ReferenceSampler().sample(batch.validate())
+    assert emitted.max() <= 2 and (tokens >= -1).all()
+    assert not (tokens[:, :2] == -1).any()
+
+
+def test_method_codes_cover_the_protocol():
+    assert {m.name for m in Method} == {"STANDARD", "STRICT", "BLOCK", "SYNTHETIC"}
