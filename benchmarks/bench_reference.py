@@ -14,7 +14,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 
 from harness.environment import describe  # noqa: E402
 from harness.scenarios import RequestSpec, Scenario, materialize, trials  # noqa: E402
