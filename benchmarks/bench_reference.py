@@ -23,7 +23,9 @@ from reference.sampler import ReferenceSampler  # noqa: E402
 
 def bench(method: str, drafts: str, draft_probs: bool, n: int, vocab: int, repeats: int) -> dict:
     temperature = 0 if method == "greedy" else 1.0
-    scenario = Scenario("bench", method, vocab, (RequestSpec(1, temperature, "peaked", "near-target"),), drafts=drafts, draft_probs=draft_probs, seed=1)
+    scenario = Scenario(
+        "bench", method, vocab, (RequestSpec(1, temperature, "peaked", "near-target"),), drafts=drafts, draft_probs=draft_probs, seed=1
+    )
     templates = materialize(scenario)
     sampler = ReferenceSampler()
     sample_times, pipeline_times = [], []
@@ -52,11 +54,20 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
-    cases = [("standard", "fixed", True), ("standard", "sampled", True), ("standard", "fixed", False), ("strict", "fixed", True), ("block", "fixed", True), ("greedy", "fixed", True)]
+    cases = [
+        ("standard", "fixed", True),
+        ("standard", "sampled", True),
+        ("standard", "fixed", False),
+        ("strict", "fixed", True),
+        ("block", "fixed", True),
+        ("greedy", "fixed", True),
+    ]
     rows = [bench(m, d, p, args.trials, args.vocab, args.repeats) for m, d, p in cases]
     print(f"{'method':10s} {'drafts':8s} {'q':5s} {'sample (trials/s)':>18s} {'pipeline (trials/s)':>20s}")
     for r in rows:
-        print(f"{r['method']:10s} {r['drafts']:8s} {str(r['draft_probs']):5s} {r['sample_trials_per_s']:18,.0f} {r['pipeline_trials_per_s']:20,.0f}")
+        print(
+            f"{r['method']:10s} {r['drafts']:8s} {str(r['draft_probs']):5s} {r['sample_trials_per_s']:18,.0f} {r['pipeline_trials_per_s']:20,.0f}"
+        )
     env = describe()
     env["cpu_affinity"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     if args.json:
