@@ -20,19 +20,19 @@ class CheckRecord:
     check: str
     verdict: str  # one of VERDICTS
     kind: str  # exact | gof | binomial | error | skipped
-    statistic: float | None
-    df: int | None
-    p_value: float | None
-    alpha: float  # this check's own level (0 for exact checks)
-    holm_threshold: float | None  # what Holm compared the p-value with across the run
-    trials: int
-    detectable_tv: float | None  # smallest TV detected with the profile's power
-    tv_estimate: float | None
-    tv_ci: tuple[float, float] | None
     message: str
     reproducer: str
     method: str = ""
-    cells: list | None = None
+    statistic: float | None = None
+    df: int | None = None
+    p_value: float | None = None
+    alpha: float = 0.0  # this check's own level (0 for exact checks)
+    holm_threshold: float | None = None  # what Holm compared the p-value with across the run
+    trials: int = 0
+    detectable_tv: float | None = None  # smallest TV detected with the profile's power
+    tv_estimate: float | None = None
+    tv_ci: tuple[float, float] | None = None
+    cells: list | None = None  # [(label, observed, expected)] of the largest pooled cells
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

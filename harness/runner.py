@@ -24,6 +24,10 @@ from harness.stats import holm
 from harness.tally import TemplateTally, add_outputs
 
 
+class Unsupported(Exception):
+    """The backend declared (through ``supports``) that it cannot run a scenario."""
+
+
 @dataclass
 class RunResult:
     records: list[CheckRecord]
@@ -82,6 +86,9 @@ def sample_scenario(backend, scenario: Scenario, templates, count: int, profile:
         n = min(chunk, count - done)
         tr = trials(scenario, templates, done, n)
         batch = tr.batch
+        reason = backend.supports(batch) if hasattr(backend, "supports") else None
+        if reason:
+            raise Unsupported(reason)
         result = backend.sample(batch)
         tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
         add_outputs(tallies, tokens, emitted, tr.drafts, done)
@@ -122,6 +129,9 @@ def run(
                 for check in planned:
                     verdict = check.evaluate(tallies[check.template], rng)
                     records.append(_record(name, scenario, check, verdict, repro))
+            except Unsupported as e:
+                for check in planned:
+                    records.append(_skipped_record(name, scenario, check, f"backend does not support this scenario: {e}", repro))
             except Exception as e:
                 detail = "".join(traceback.format_exception_only(type(e), e)).strip()
                 records.append(_error_record(name, scenario.name, -1, "sample", detail, repro))
@@ -146,10 +156,12 @@ def _record(backend, scenario, check, v, repro) -> CheckRecord:
     )  # fmt: skip
 
 
+def _skipped_record(backend, scenario, check, reason, repro) -> CheckRecord:
+    return CheckRecord(backend, scenario.name, check.template, check.name, "skipped", "skipped", reason, repro, scenario.method)
+
+
 def _error_record(backend, scenario, template, stage, message, repro) -> CheckRecord:
-    return CheckRecord(
-        backend, scenario, template, stage, "error", "error", None, None, None, 0.0, None, 0, None, None, None, message, repro
-    )
+    return CheckRecord(backend, scenario, template, stage, "error", "error", message, repro)
 
 
 def _apply_holm(records: list[CheckRecord], alpha: float) -> float:

@@ -41,3 +41,33 @@ def test_backend_option_reaches_the_runner():
     assert ok.returncode == 0, ok.stdout[-2000:]
     bad = subprocess.run(base + ["--backend", "fault:bonus-wrong-row"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1 and "python -m harness run --backend fault:bonus-wrong-row" in bad.stdout
+
+
+class DeclinesBlock:
+    """A third-party backend that cannot run block verification, and says so."""
+
+    name = "declines-block"
+
+    def __init__(self):
+        from reference.sampler import ReferenceSampler
+
+        self._reference = ReferenceSampler()
+
+    def supports(self, batch):
+        from reference.methods import Method
+
+        return "no block verification" if (batch.methods == Method.BLOCK).any() else None
+
+    def sample(self, batch):
+        return self._reference.sample(batch)
+
+
+def test_unsupported_scenarios_are_skipped_not_passed():
+    from harness.profiles import get_profile
+
+    profile = get_profile("smoke")
+    scenarios = [s for s in catalog(profile) if s.name in ("block-fixed", "standard-sampled")]
+    result = run(["suites.test_backends:DeclinesBlock"], scenarios, profile)
+    verdicts = {(r.scenario, r.verdict) for r in result.records}
+    assert verdicts == {("block-fixed", "skipped"), ("standard-sampled", "pass")}
+    assert all("no block verification" in r.message for r in result.records if r.verdict == "skipped")
