@@ -9,6 +9,7 @@ Checks
 ------
 structure          exact. Every trial emits 1..d+1 in-vocabulary ids whose prefix equals
                    its drafts (placeholders and everything after them never accepted).
+                   The only check for templates with degenerate (NaN or all-masked) rows.
 outcome-law        G-test of (n accepted, emitted token) against the exact law: fixed
                    drafts, or the mixture over drafts for block verification. Exact when
                    the law is a point mass (greedy).
@@ -137,6 +138,8 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
         d_eff = t.effective_drafts
         vocab = t.target_logits.shape[1]
         checks.append(_structure_check(i, profile))
+        if t.spec.degenerate:
+            continue  # NaN / all-masked rows: engines owe only well-formed, in-vocabulary output
         target = t.target_probs()[: d_eff + 1]
         visible = t.proposal_probs()[:d_eff] if scenario.draft_probs else None
         rates = t.rates[:d_eff] if t.method is Method.SYNTHETIC else None

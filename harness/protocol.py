@@ -34,6 +34,11 @@ positions          [D + B] int64          absolute token position of every targe
 methods            [B] int8               ``reference.methods.Method`` codes.
 synthetic_rates    [B, K] float64 or None conditional acceptance rates of synthetic requests.
 max_drafts         int                    K, the widest request's draft count.
+request_slots      [B] int64 or None      distinct state-table slots of the requests (engines
+                                          index per-request state by slot: vLLM's idx_mapping);
+                                          None = slot r for request r. Samplers may ignore it.
+logits_dtype       str                    "float32", "bfloat16" or "float16": the logits hold
+                                          values exact in that dtype; cast to it at no loss.
 =================  =====================  ==================================================
 """
 
@@ -64,6 +69,8 @@ class VerifyBatch:
     methods: np.ndarray
     synthetic_rates: np.ndarray | None
     max_drafts: int
+    request_slots: np.ndarray | None = None
+    logits_dtype: str = "float32"
 
     @property
     def num_requests(self) -> int:
@@ -113,6 +120,11 @@ class VerifyBatch:
             raise ValueError(f"methods: codes must be among {[m.value for m in Method]}")
         if self.max_drafts < int(np.max(np.diff(cu), initial=0)):
             raise ValueError("max_drafts: smaller than the widest request's draft count")
+        slots = self.request_slots
+        if slots is not None and (slots.shape != (b,) or np.unique(slots).size != b or (slots < 0).any()):
+            raise ValueError("request_slots: expected distinct non-negative slots, one per request")
+        if self.logits_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"logits_dtype: expected float32, bfloat16 or float16, got {self.logits_dtype!r}")
         synthetic = self.methods == Method.SYNTHETIC
         if synthetic.any():
             rates = self.synthetic_rates

@@ -34,6 +34,14 @@ class RequestSpec:
     target: str = "peaked"
     draft: str = "near-target"
     placeholder_at: int | None = None  # draft index replaced by the placeholder -1
+    method: str | None = None  # overrides the scenario's method (mixed batches)
+    draft_ids: tuple[int, ...] | None = None  # explicit fixed drafts (may have target or draft probability 0)
+    nan_rows: tuple[int, ...] = ()  # target rows (0..d) poisoned with a NaN: degenerate
+    masked_rows: tuple[int, ...] = ()  # target rows with every logit -inf: degenerate
+
+    @property
+    def degenerate(self) -> bool:
+        return bool(self.nan_rows or self.masked_rows)
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,8 @@ class Scenario:
     synthetic: dict | None = None  # {"mean_rate": r} | {"rates": [...]} | {"acceptance_length": L}
     seed: int = 0
     tags: tuple[str, ...] = field(default=())
+    dtype: str = "float32"  # logits are rounded to this dtype (laws use the rounded values)
+    slots: str = "identity"  # "permuted": requests sit at scattered slots of a larger state table
 
     def __post_init__(self):
         _validate(self)
@@ -58,7 +68,10 @@ class Scenario:
 
     @property
     def verify_method(self) -> Method:
-        return Method.STANDARD if self.method == "greedy" else Method.parse(self.method)
+        return _method(self.method)
+
+    def request_method(self, spec: RequestSpec) -> Method:
+        return _method(spec.method or self.method)
 
     @property
     def lossless(self) -> bool:
@@ -66,7 +79,7 @@ class Scenario:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["requests"] = [asdict(r) for r in self.requests]
+        d["requests"] = [{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(r).items()} for r in self.requests]
         d["tags"] = list(self.tags)
         return d
 
@@ -92,7 +105,8 @@ class Scenario:
         for i, r in enumerate(reqs):
             if not isinstance(r, dict) or set(r) - req_fields or "num_drafts" not in r:
                 raise ValueError(f"scenario.requests[{i}]: expected an object with num_drafts and only {sorted(req_fields)}")
-            specs.append(RequestSpec(**r))
+            tuples = {k: tuple(v) for k, v in r.items() if k in ("draft_ids", "nan_rows", "masked_rows") and isinstance(v, list)}
+            specs.append(RequestSpec(**{**r, **tuples}))
         return cls(**{**data, "requests": tuple(specs), "tags": tuple(data.get("tags", ()))})
 
     @classmethod
@@ -102,6 +116,13 @@ class Scenario:
         except json.JSONDecodeError as e:
             raise ValueError(f"scenario JSON: {e}") from None
         return cls.from_dict(data)
+
+
+def _method(name: str) -> Method:
+    return Method.STANDARD if name == "greedy" else Method.parse(name)
+
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _is_int(x) -> bool:
@@ -123,14 +144,31 @@ def _validate(s: Scenario) -> None:
         raise ValueError(f"scenario.seed: expected a non-negative integer, got {s.seed!r}")
     if not isinstance(s.draft_probs, bool):
         raise ValueError("scenario.draft_probs: expected true or false")
+    if s.dtype not in DTYPES:
+        raise ValueError(f"scenario.dtype: expected one of {DTYPES}, got {s.dtype!r}")
+    if s.slots not in ("identity", "permuted"):
+        raise ValueError(f"scenario.slots: expected 'identity' or 'permuted', got {s.slots!r}")
     for i, r in enumerate(s.requests):
         where = f"scenario.requests[{i}]"
+        method = r.method or s.method
+        if method not in METHOD_NAMES:
+            raise ValueError(f"{where}.method: {method!r} is not one of {METHOD_NAMES}")
+        if method == "synthetic" and s.synthetic is None:
+            raise ValueError(f"{where}.method: synthetic requests need scenario.synthetic parameters")
+        if r.draft_ids is not None:
+            ids = r.draft_ids
+            if s.drafts != "fixed" or len(ids) != r.num_drafts or not all(_is_int(x) and -1 <= x < s.vocab_size for x in ids):
+                raise ValueError(f"{where}.draft_ids: expected {r.num_drafts} ids in [-1, {s.vocab_size}) with fixed drafts, got {ids!r}")
+        for name in ("nan_rows", "masked_rows"):
+            rows = getattr(r, name)
+            if not all(_is_int(x) and 0 <= x <= r.num_drafts for x in rows):
+                raise ValueError(f"{where}.{name}: expected target row indices in [0, {r.num_drafts}], got {rows!r}")
         if not _is_int(r.num_drafts) or not 0 <= r.num_drafts <= 32:
             raise ValueError(f"{where}.num_drafts: expected an integer in [0, 32], got {r.num_drafts!r}")
         t = r.temperature
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
             raise ValueError(f"{where}.temperature: expected a finite number >= 0, got {t!r}")
-        if s.method == "greedy" and t != 0:
+        if method == "greedy" and t != 0:
             raise ValueError(f"{where}.temperature: greedy scenarios need temperature 0, got {t!r}")
         if r.target not in TARGET_FAMILIES:
             raise ValueError(f"{where}.target: {r.target!r} is not one of {TARGET_FAMILIES}")
@@ -141,8 +179,9 @@ def _validate(s: Scenario) -> None:
                 raise ValueError(f"{where}.placeholder_at: expected a draft index in [0, {r.num_drafts}), got {r.placeholder_at!r}")
             if s.drafts != "fixed":
                 raise ValueError(f"{where}.placeholder_at: placeholders need fixed drafts")
-    if (s.method == "synthetic") != (s.synthetic is not None):
-        raise ValueError("scenario.synthetic: required exactly when method is 'synthetic'")
+    uses_synthetic = any((r.method or s.method) == "synthetic" for r in s.requests)
+    if uses_synthetic != (s.synthetic is not None):
+        raise ValueError("scenario.synthetic: required exactly when a request's method is 'synthetic'")
     if s.synthetic is not None:
         keys = set(s.synthetic) if isinstance(s.synthetic, dict) else set()
         if len(keys) != 1 or not keys <= {"mean_rate", "rates", "acceptance_length"}:
@@ -232,8 +271,20 @@ class Template:
         return pad_vocab(softmax_rows(self.proposal_logits, t), vocab)
 
 
+def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 array holding values exactly representable in ``dtype`` (round to nearest even)."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = x.view(np.uint32)
+        rounded = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return np.where(np.isnan(x), x, rounded.astype(np.uint32).view(np.float32))
+    return x
+
+
 def materialize(s: Scenario) -> list[Template]:
-    """Deterministic float32 logits (and fixed drafts) for every request template."""
+    """Deterministic logits (and fixed drafts) for every request template."""
     vocab = s.vocab_size
     draft_vocab = s.draft_vocab_size or vocab
     rates = conditional_rates(s)
@@ -241,18 +292,23 @@ def materialize(s: Scenario) -> list[Template]:
     for i, spec in enumerate(s.requests):
         rng = np.random.default_rng([s.seed, i])
         d = spec.num_drafts
-        target = np.stack([family_logits(spec.target, rng, vocab) for _ in range(d + 1)]).astype(np.float32)
+        target = round_to_dtype(np.stack([family_logits(spec.target, rng, vocab) for _ in range(d + 1)]), s.dtype)
         proposal = np.zeros((d, draft_vocab), dtype=np.float32)
         for j in range(d):
             proposal[j] = family_logits(spec.draft, rng, draft_vocab, target[j].astype(np.float64))
-        template = Template(spec, s.verify_method, target, proposal, None, rates[:d])
+        proposal = round_to_dtype(proposal, s.dtype)
+        method = s.request_method(spec)
+        drafts = None
         if s.drafts == "fixed":
-            probs = template.sampling_probs()
-            drafts = np.array([rng.choice(vocab, p=row / row.sum()) for row in probs], dtype=np.int64)
+            probs = Template(spec, method, target, proposal, None, rates[:d]).sampling_probs()
+            drafts = np.array([rng.choice(vocab, p=row / row.sum()) for row in probs], dtype=np.int64).reshape(d)
+            if spec.draft_ids is not None:
+                drafts = np.array(spec.draft_ids, dtype=np.int64).reshape(d)
             if spec.placeholder_at is not None:
                 drafts[spec.placeholder_at] = -1
-            template = Template(spec, s.verify_method, target, proposal, drafts, rates[:d])
-        out.append(template)
+        target[list(spec.masked_rows)] = -np.inf
+        target[list(spec.nan_rows), 0] = np.nan
+        out.append(Template(spec, method, target, proposal, drafts, rates[:d]))
     return out
 
 
@@ -301,8 +357,11 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
     temps = np.tile(np.array([t.spec.temperature for t in templates], dtype=np.float64), count)
     methods = np.tile(np.array([t.method for t in templates], dtype=np.int8), count)
     rates = None
-    if s.verify_method is Method.SYNTHETIC:
+    if s.synthetic is not None:
         rates = np.tile(conditional_rates(s)[None, :], (count * t_count, 1))
+    slots = None
+    if s.slots == "permuted":  # a state table twice the batch, requests scattered over it
+        slots = np.argsort(hash64(s.seed, first + np.arange(2 * count * t_count), 3))[: count * t_count]
     batch = VerifyBatch(
         target_logits=target,
         draft_logits=draft_logits,
@@ -314,5 +373,7 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
         methods=methods,
         synthetic_rates=rates,
         max_drafts=k,
+        request_slots=slots,
+        logits_dtype=s.dtype,
     )
     return Trials(batch=batch, drafts=drafts, first_trial=first)
