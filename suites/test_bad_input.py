@@ -54,6 +54,8 @@ def test_good_batch_validates():
         (dict(methods=np.array([3, 0], np.int8)), "synthetic_rates"),
         (dict(methods=np.array([3, 0], np.int8), synthetic_rates=np.full((2, 2), 1.5)), "synthetic_rates"),
         (dict(max_drafts=1), "max_drafts"),
+        (dict(request_slots=np.array([3, 3])), "request_slots"),
+        (dict(logits_dtype="int8"), "logits_dtype"),
     ],
 )
 def test_malformed_batches_name_the_field(changes, name):
@@ -128,6 +130,12 @@ def test_malformed_scenario_json_is_named(data, needle):
 def test_scenario_round_trips_through_json():
     s = Scenario("rt", "block", 7, (RequestSpec(2, 0.5, "topk", "disjoint"),), drafts="sampled", seed=9)
     assert Scenario.from_json(s.to_json()) == s
+    mixed = Scenario(
+        "mixed", "standard", 9,
+        (RequestSpec(2, 0, method="greedy"), RequestSpec(2, 1.0, method="synthetic"), RequestSpec(1, draft_ids=(4,), nan_rows=(1,))),
+        synthetic={"rates": [0.9, 0.5]}, dtype="bfloat16", slots="permuted",
+    )  # fmt: skip
+    assert Scenario.from_json(mixed.to_json()) == mixed
 
 
 @pytest.mark.parametrize(

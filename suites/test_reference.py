@@ -134,3 +134,31 @@ def test_placeholder_is_never_accepted_and_ends_the_drafts():
 
 def test_method_codes_cover_the_protocol():
     assert {m.name for m in Method} == {"STANDARD", "STRICT", "BLOCK", "SYNTHETIC"}
+
+
+def test_mixed_batch_with_degenerate_rows_low_precision_and_scattered_slots():
+    """Greedy, standard and synthetic requests in one batch, bf16 logits, permuted slots;
+    degenerate (NaN / all-masked) templates get only the structure check."""
+    r = RequestSpec
+    scenario = Scenario(
+        "mixed", "standard", 10,
+        (r(2, 0, "peaked", method="greedy"), r(3, 1.0, method="synthetic"), r(2, 1.0), r(1, 1.0, draft_ids=(3,)), r(2, 1.0, nan_rows=(1,)), r(2, 1.0, masked_rows=(0,))),
+        synthetic={"rates": [0.9, 0.5, 0.2]}, dtype="bfloat16", slots="permuted", seed=3,
+    )  # fmt: skip
+    result = run(["reference"], [scenario], get_profile("smoke"))
+    assert not result.failed
+    assert {r.check for r in result.records if r.template >= 4} == {"structure"}
+    assert {r.check for r in result.records if r.template == 1} >= {"acceptance-length", "acceptance-rate[2]"}
+
+
+def test_bfloat16_rounding_is_exact_in_torch():
+    import torch
+
+    from harness.scenarios import round_to_dtype
+
+    x = np.random.default_rng(0).normal(0, 3, 1000).astype(np.float32)
+    for dtype in ("bfloat16", "float16"):
+        rounded = round_to_dtype(x, dtype)
+        back = torch.from_numpy(rounded).to(getattr(torch, dtype)).float().numpy()
+        np.testing.assert_array_equal(back, rounded)
+        np.testing.assert_array_equal(torch.from_numpy(x).to(getattr(torch, dtype)).float().numpy(), rounded)
