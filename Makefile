@@ -19,7 +19,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 test: lint  ## lint, then the CPU suite (GPU tests skip with their reason)
-	$(PY) -m pytest suites/ -m "not gpu" -n $(PYTEST_WORKERS)
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest suites/ -m "not gpu" -n $(PYTEST_WORKERS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_reference.py

@@ -7,6 +7,8 @@ Options (all in the ``specdec`` group):
   --run-seed N       seed of those runs (default: 0); printed in the header, replayable.
 """
 
+import os
+
 import pytest
 
 from harness.device import configure_triton
@@ -52,3 +54,19 @@ def run_profile(pytestconfig):
 @pytest.fixture(scope="session")
 def run_seed(pytestconfig):
     return pytestconfig.getoption("--run-seed")
+
+
+def _register_hypothesis_profiles():
+    """dev: quick local runs; ci: derandomized, no database, bounded; nightly: many more."""
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:
+        return
+    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=True)
+    settings.register_profile("dev", max_examples=20, **common)
+    settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **common)
+    settings.register_profile("nightly", max_examples=400, **common)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+_register_hypothesis_profiles()

@@ -5,6 +5,7 @@ setup error (one line on stderr saying what was wrong).
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -86,6 +87,10 @@ def _run(args) -> int:
     from harness.runner import run
 
     profile = get_profile(args.profile)
+    if args.alpha is not None:
+        if not 0 < args.alpha < 1:
+            raise UsageError(f"--alpha: expected a rate in (0, 1), got {args.alpha}")
+        profile = dataclasses.replace(profile, alpha=args.alpha)
     if args.device == "cuda" and not cuda_available():
         raise UsageError("--device cuda: no CUDA device is available on this machine")
     if args.seed < 0:

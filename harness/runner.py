@@ -16,7 +16,7 @@ import numpy as np
 
 from harness import checks as checks_mod
 from harness.backends import load_backend
-from harness.profiles import Profile
+from harness.profiles import Profile, get_profile
 from harness.protocol import as_numpy_outputs
 from harness.records import CheckRecord
 from harness.scenarios import Scenario, materialize, trials

@@ -60,8 +60,14 @@ def block_running_ratios(target_at_draft: np.ndarray, draft_at_draft: np.ndarray
     d = r.shape[-1]
     rho = np.ones(r.shape[:-1] + (d + 1,))
     for i in range(d):
-        rho[..., i + 1] = np.minimum(rho[..., i] * r[..., i], 1.0)
+        rho[..., i + 1] = block_step(rho[..., i], r[..., i])
     return rho
+
+
+def block_step(rho: np.ndarray, step_ratio: np.ndarray) -> np.ndarray:
+    """``min(rho * ratio, 1)`` with ``0 * inf = 0``: once a block's ratio hits 0 it stays 0."""
+    with np.errstate(invalid="ignore"):
+        return np.where(rho > 0, np.minimum(rho * step_ratio, 1.0), 0.0)
 
 
 def block_residual(rho: np.ndarray, target: np.ndarray, draft: np.ndarray) -> np.ndarray:

@@ -159,7 +159,7 @@ class ReferenceSampler:
             x = drafts[starts[r] + i - 1]
             t_x = target[prev_rows, x]
             q_x = draft_row(r, i - 1)[np.arange(r.size), x]
-            rho[live, i] = np.minimum(rho[live, i - 1] * rules.ratio(t_x, q_x), 1.0)
+            rho[live, i] = rules.block_step(rho[live, i - 1], rules.ratio(t_x, q_x))
             h = rho[live, i].copy()
             inner = i < n[live]
             if inner.any():
