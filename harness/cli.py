@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--scenario", action="append", help="catalog scenario name or a scenario JSON file (repeatable; default: the whole catalog)"
     )
+    r.add_argument("--alpha", type=float, help="override the profile's per-check false-alarm rate (fuzz reproducers use it)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     sub.add_parser("backends", help="list the backends and whether they can run here")
     s = sub.add_parser("scenarios", help="list a profile's scenarios with their trial counts")

@@ -51,20 +51,10 @@ class RunResult:
 
 def reproducer(backend: str, profile: Profile, seed: int, scenario_ref: str, device: str) -> str:
     """The one-line command that reruns a scenario (``scenario_ref``: catalog name or JSON file)."""
-    cmd = [
-        "python",
-        "-m",
-        "harness",
-        "run",
-        "--backend",
-        backend,
-        "--profile",
-        profile.name,
-        "--seed",
-        str(seed),
-        "--scenario",
-        scenario_ref,
-    ]
+    cmd = ["python", "-m", "harness", "run", "--backend", backend, "--profile", profile.name]
+    cmd += ["--seed", str(seed), "--scenario", scenario_ref]
+    if profile.alpha != get_profile(profile.name).alpha:
+        cmd += ["--alpha", repr(profile.alpha)]
     if device != "cpu":
         cmd += ["--device", device]
     return shlex.join(cmd)

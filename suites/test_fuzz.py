@@ -9,6 +9,9 @@ includes every example. A failure shrinks to a minimal scenario, saved as JSON u
 import dataclasses
 import json
 import os
+import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -142,6 +145,15 @@ def test_a_failure_is_saved_with_its_reproducer(tmp_path, monkeypatch):
         verify("fault:residual-is-target", DEMO, "demo")
     saved = json.loads((tmp_path / "reports" / "fuzz-failures" / "demo.json").read_text())
     assert Scenario.from_dict(saved) == DEMO
+    with pytest.raises(pytest.fail.Exception) as failure:
+        verify("fault:residual-is-target", DEMO, "demo")
+    command = shlex.split(str(failure.value).split("reproduce: ", 1)[1])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    proc = subprocess.run(
+        [sys.executable, *command[1:], "--out", "again", "--no-progress"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 1, proc.stderr
 
 
 @pytest.mark.gpu
