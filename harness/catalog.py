@@ -51,6 +51,20 @@ def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
         ),
         dict(name="standard-temperatures", method="standard", requests=[R(2, 1e-4, "flat"), R(2, 0.3), R(2, 10.0, "peaked")]),
         dict(name="standard-no-draft-probs", method="standard", draft_probs=False, requests=[R(2, 1.0), R(3, 1.0, "flat", "flat")]),
+        dict(name="standard-aligned-positions", method="standard", positions="aligned", requests=[R(2, 1.0, "flat", "peaked"), R(1, 1.0)]),
+        dict(
+            name="standard-permuted-slots",
+            method="standard",
+            slots="permuted",
+            requests=[R(2, 0.4), R(2, 2.5, "peaked", "flat"), R(1, 1.0, "flat")],
+        ),
+        dict(name="standard-bf16", method="standard", dtype="bfloat16", requests=[R(2, 1.0), R(3, 0.8, "heavy-tail", "flat")]),
+        dict(
+            name="standard-nan-rows",
+            method="standard",
+            requests=[R(2, 1.0, nan_rows=(0,)), R(2, 1.0, masked_rows=(2,)), R(1, 0, nan_rows=(1,))],
+        ),
+        dict(name="standard-same-as-target", method="standard", requests=[R(3, 1.0, "peaked", "same"), R(2, 0.7, "flat", "same")]),
         dict(
             name="standard-large-vocab",
             method="standard",
@@ -91,6 +105,13 @@ def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
             method="synthetic",
             synthetic={"acceptance_length": 2.5},
             requests=[R(4, 1.0), R(4, 0.5, "peaked", "flat")],
+        ),
+        dict(name="synthetic-same-as-target", method="synthetic", synthetic={"rates": [0.7, 0.4]}, requests=[R(2, 1.0, "peaked", "same")]),
+        dict(
+            name="synthetic-mixed-batch",
+            method="standard",
+            synthetic={"mean_rate": 0.5},
+            requests=[R(3, 1.0, method="synthetic"), R(2, 0, method="greedy"), R(2, 1.0)],
         ),
         dict(name="synthetic-extremes", method="synthetic", synthetic={"rates": [1.0, 1.0, 0.0]}, requests=[R(3, 1.0)]),
     ]

@@ -4,10 +4,15 @@
 must catch every one (``suites/test_faults.py``), naming the check that did.
 """
 
+import dataclasses
+
 import numpy as np
 
 from reference import rules
+from reference import synthetic as synth
 from reference.distributions import degenerate_rows, softmax_rows
+from reference.methods import Method
+from reference.rng import Stream, uniforms
 from reference.sampler import ReferenceSampler
 
 
@@ -88,6 +93,236 @@ class ReuseUniform(ReferenceSampler):
         return u_accept
 
 
+class TemperatureTwice(ReferenceSampler):
+    """Temperature applied twice to the target logits (once by the caller, once in the kernel)."""
+
+    def target_probs(self, logits, temperature):
+        t = np.asarray(temperature, dtype=np.float64)
+        scaled = np.asarray(logits, dtype=np.float64) / np.where(t > 0, t, 1.0)[:, None]
+        return softmax_rows(scaled, temperature)
+
+
+class DraftBeforeTemperature(ReferenceSampler):
+    """Draft probabilities taken before temperature while drafts were sampled after it (#47932 class)."""
+
+    def draft_probs(self, logits, temperature, vocab_size):
+        return super().draft_probs(logits, np.where(np.asarray(temperature) > 0, 1.0, 0.0), vocab_size)
+
+
+class DraftBeforeTopK(ReferenceSampler):
+    """Draft probabilities taken before top-k/top-p masking (HF #32867 / #47932 class)."""
+
+    def draft_probs(self, logits, temperature, vocab_size):
+        if logits is None:
+            return None
+        x = np.asarray(logits, dtype=np.float64)
+        finite = np.isfinite(x)
+        floor = np.where(finite, x, np.inf).min(axis=-1, keepdims=True)
+        return super().draft_probs(np.where(finite, x, floor), temperature, vocab_size)
+
+
+class AcceptAtZeroUniform(ReferenceSampler):
+    """``u <= ratio`` with a uniform that can be exactly 0 accepts zero-probability drafts.
+    (fp32 rand hits 0 with probability 2**-24; the resolution is coarsened to 2**-8 so a CPU
+    run sees it: the bug class, exaggerated in rate, not in kind.)"""
+
+    def accept(self, method, target_rows, draft_rows, x, u_accept, rates, target_sample):
+        coarse = np.floor(u_accept * 256.0) / 256.0
+        ratio = rules.acceptance_probability(target_rows, draft_rows, x)
+        accept = np.where(method == Method.STRICT, target_sample == x, coarse <= ratio)
+        return np.where(method == Method.SYNTHETIC, u_accept < rates, accept)
+
+
+class InvertedRatio(ReferenceSampler):
+    """Acceptance ``min(1, draft/target)``: Chen's and Leviathan's letters swapped."""
+
+    def accept(self, method, target_rows, draft_rows, x, u_accept, rates, target_sample):
+        if draft_rows is None:
+            return super().accept(method, target_rows, draft_rows, x, u_accept, rates, target_sample)
+        swapped = rules.acceptance_probability(draft_rows, target_rows, x)
+        accept = np.where(method == Method.STRICT, target_sample == x, u_accept < swapped)
+        return np.where(method == Method.SYNTHETIC, u_accept < rates, accept)
+
+
+class ResidualNotNormalized(ReferenceSampler):
+    """The residual's inverse CDF compares against ``u`` instead of ``u * sum(residual)``."""
+
+    def rejection_token(self, method, target_rows, draft_rows, x, u, target_sample):
+        weights = rules.residual_weights(target_rows, draft_rows, x)
+        c = np.cumsum(weights, axis=-1)
+        above = c > u[:, None]
+        last = weights.shape[-1] - 1 - np.argmax(weights[:, ::-1] > 0, axis=-1)
+        drawn = np.where(above.any(axis=-1), np.argmax(above, axis=-1), last)
+        return np.where(method == Method.STRICT, target_sample, drawn)
+
+
+class ResidualWrongPosition(ReferenceSampler):
+    """After a rejection at step j, the replacement is drawn with step j+1's target row."""
+
+    def residual_rows(self, rows, bonus_rows):
+        return np.minimum(rows + 1, bonus_rows)
+
+
+class OneHotResidualKeepsRejected(ReferenceSampler):
+    """Without draft probabilities, the residual keeps the rejected token (target not renormalized without it)."""
+
+    def rejection_token(self, method, target_rows, draft_rows, x, u, target_sample):
+        if draft_rows is None:
+            drawn = rules.inverse_cdf(target_rows, u)
+            return np.where(method == Method.STRICT, target_sample, drawn)
+        return super().rejection_token(method, target_rows, draft_rows, x, u, target_sample)
+
+
+class DraftOffByOne(ReferenceSampler):
+    """Draft ``j`` verified against target row ``j + 1`` (MRV2's next-row convention misapplied)."""
+
+    def verify_rows(self, rows, bonus_rows):
+        return np.minimum(rows + 1, bonus_rows)
+
+
+class WrongDraftStep(ReferenceSampler):
+    """Every step reads the draft probabilities of step 0."""
+
+    def draft_index(self, starts, step):
+        return starts
+
+
+class WrongRequestSlot(ReferenceSampler):
+    """Per-request temperature read through the state slot as if it were the batch index."""
+
+    def request_temperature(self, batch):
+        t = np.asarray(batch.temperature, dtype=np.float64)
+        if batch.request_slots is None:
+            return t
+        return t[np.argsort(np.argsort(batch.request_slots))]
+
+
+class SeedCollision(ReferenceSampler):
+    """Every request draws from the same seed: noise keyed by position alone."""
+
+    def request_seeds(self, batch):
+        return np.zeros_like(np.asarray(batch.seeds))
+
+
+class BonusAfterReject(ReferenceSampler):
+    """A bonus token is appended after a rejection too."""
+
+    def sample(self, batch):
+        tokens, emitted = super().sample(batch)
+        counts = self.effective_draft_counts(np.asarray(batch.draft_tokens), np.asarray(batch.cu_num_drafts))
+        rejected = np.flatnonzero(emitted <= counts)
+        tokens[rejected, emitted[rejected]] = tokens[rejected, emitted[rejected] - 1]
+        emitted[rejected] += 1
+        return tokens, emitted
+
+
+class PlaceholderAsIndex(ReferenceSampler):
+    """A placeholder (-1) is used as a token index: it wraps to the last id and can be accepted as it."""
+
+    def effective_draft_counts(self, draft_tokens, cu_num_drafts):
+        return np.diff(cu_num_drafts)
+
+    def sample(self, batch):
+        vocab = batch.target_logits.shape[-1]
+        wrapped = np.where(np.asarray(batch.draft_tokens) < 0, vocab - 1, batch.draft_tokens)
+        return super().sample(dataclasses.replace(batch, draft_tokens=wrapped))
+
+
+class NoiseFloor(ReferenceSampler):
+    """Emitted tokens drawn by an exponential race whose noise never falls below a floor, so
+    tail tokens starve (vLLM #43150: fp32 Exp(1) never below 2**-24; floor raised to 2**-6
+    so a CPU run sees the bias: the bug class, exaggerated in rate, not in kind)."""
+
+    floor = 2.0**-6
+
+    def _race(self, weights, u):
+        vocab = weights.shape[-1]
+        keys = np.floor(u * 2.0**52).astype(np.int64)
+        noise = -np.log(uniforms(keys[:, None], np.arange(vocab)[None, :], Stream.RESIDUAL))
+        with np.errstate(divide="ignore"):
+            return np.argmax(weights / np.maximum(noise, self.floor), axis=-1).astype(np.int64)
+
+    def rejection_token(self, method, target_rows, draft_rows, x, u, target_sample):
+        drawn = self._race(rules.residual_weights(target_rows, draft_rows, x), u)
+        return np.where(method == Method.STRICT, target_sample, drawn)
+
+    def bonus_token(self, target_rows, u):
+        return self._race(target_rows, u)
+
+
+class OutOfVocabLaneWins(ReferenceSampler):
+    """An empty residual lets a padded lane of the last 8-wide tile win: an id >= V (GHSA-8wr5-jm2h-8r4f)."""
+
+    def rejection_token(self, method, target_rows, draft_rows, x, u, target_sample):
+        vocab = target_rows.shape[-1]
+        raw = np.maximum(target_rows - draft_rows, 0.0) if draft_rows is not None else None
+        drawn = super().rejection_token(method, target_rows, draft_rows, x, u, target_sample)
+        if raw is None:
+            return drawn
+        padded = -(-vocab // 8) * 8
+        lane = padded - 1 if padded > vocab else vocab
+        return np.where(raw.sum(axis=-1) <= 0, lane, drawn)
+
+
+class NanRowOutOfVocab(ReferenceSampler):
+    """A NaN target row emits an out-of-range id (vLLM #21876 / #53029)."""
+
+    def sample(self, batch):
+        tokens, emitted = super().sample(batch)
+        cu = np.asarray(batch.cu_num_drafts)
+        last_row = cu[:-1] + np.arange(cu.size - 1) + emitted - 1
+        bad = np.isnan(np.asarray(batch.target_logits)[last_row]).any(axis=-1)
+        tokens[bad, emitted[bad] - 1] = batch.target_logits.shape[-1]
+        return tokens, emitted
+
+
+class SyntheticRatesAsConditional(ReferenceSampler):
+    """Synthetic: unconditional per-position rates used as conditional ones."""
+
+    def sample(self, batch):
+        if batch.synthetic_rates is None:
+            return super().sample(batch)
+        wrong = np.cumprod(np.asarray(batch.synthetic_rates, dtype=np.float64), axis=1)
+        return super().sample(dataclasses.replace(batch, synthetic_rates=wrong))
+
+
+class SyntheticDecayTooLow(ReferenceSampler):
+    """Synthetic (a): the decay floor taken as 0.75 instead of 0.85."""
+
+    def sample(self, batch):
+        if batch.synthetic_rates is None or batch.max_drafts == 0:
+            return super().sample(batch)
+        rates = np.array(batch.synthetic_rates, dtype=np.float64)
+        for row in np.unique(rates, axis=0):
+            mean = float(np.mean(synth.conditional_to_unconditional(row)))
+            base, decay = synth.base_and_decay(min(max(mean, 0.0), 1.0), row.size, min_decay=0.75)
+            rates[(rates == row).all(axis=1)] = base * decay ** np.arange(row.size)
+        return super().sample(dataclasses.replace(batch, synthetic_rates=rates))
+
+
+class GreedyBonusSampled(ReferenceSampler):
+    """Greedy requests draw their bonus token by sampling at temperature 1 instead of argmax."""
+
+    def sample(self, batch):
+        tokens, emitted = super().sample(batch)
+        counts = self.effective_draft_counts(np.asarray(batch.draft_tokens), np.asarray(batch.cu_num_drafts))
+        cu = np.asarray(batch.cu_num_drafts)
+        full = np.flatnonzero((np.asarray(batch.temperature) == 0) & (emitted == counts + 1))
+        rows = cu[:-1][full] + full + counts[full]
+        probs = softmax_rows(np.asarray(batch.target_logits)[rows], 1.0)
+        u = uniforms(np.asarray(batch.seeds)[full], np.asarray(batch.positions)[rows], Stream.RESIDUAL)
+        tokens[full, counts[full]] = rules.inverse_cdf(probs, u)
+        return tokens, emitted
+
+
+class BlockTokenWise(ReferenceSampler):
+    """'Block verification' done token by token with the standard rule (vllm-ascend #7807)."""
+
+    def sample(self, batch):
+        methods = np.where(np.asarray(batch.methods) == Method.BLOCK, Method.STANDARD, batch.methods).astype(np.int8)
+        return super().sample(dataclasses.replace(batch, methods=methods))
+
+
 FAULTS = {
     "ignore-draft-probs": IgnoreDraftProbs,
     "unclamped-residual": UnclampedResidual,
@@ -97,4 +332,25 @@ FAULTS = {
     "greedy-tie-highest": GreedyTieHighest,
     "accept-placeholder": AcceptPlaceholder,
     "reuse-uniform": ReuseUniform,
+    "temperature-twice": TemperatureTwice,
+    "draft-before-temperature": DraftBeforeTemperature,
+    "draft-before-topk": DraftBeforeTopK,
+    "accept-at-zero-uniform": AcceptAtZeroUniform,
+    "inverted-ratio": InvertedRatio,
+    "residual-not-normalized": ResidualNotNormalized,
+    "residual-wrong-position": ResidualWrongPosition,
+    "one-hot-residual-keeps-rejected": OneHotResidualKeepsRejected,
+    "draft-off-by-one": DraftOffByOne,
+    "wrong-draft-step": WrongDraftStep,
+    "wrong-request-slot": WrongRequestSlot,
+    "seed-collision": SeedCollision,
+    "bonus-after-reject": BonusAfterReject,
+    "placeholder-as-index": PlaceholderAsIndex,
+    "noise-floor": NoiseFloor,
+    "oov-lane-wins": OutOfVocabLaneWins,
+    "nan-row-out-of-vocab": NanRowOutOfVocab,
+    "synthetic-rates-as-conditional": SyntheticRatesAsConditional,
+    "synthetic-decay-too-low": SyntheticDecayTooLow,
+    "greedy-bonus-sampled": GreedyBonusSampled,
+    "block-token-wise": BlockTokenWise,
 }

@@ -22,7 +22,7 @@ from reference.rng import Stream, hash64, uniforms
 from reference.rules import draw_from_row
 
 TARGET_FAMILIES = ("peaked", "flat", "heavy-tail", "topk", "tied")
-DRAFT_FAMILIES = TARGET_FAMILIES + ("near-target", "disjoint")
+DRAFT_FAMILIES = TARGET_FAMILIES + ("near-target", "disjoint", "same")
 METHOD_NAMES = ("greedy", "strict", "standard", "block", "synthetic")
 POSITION_RANGE = 1 << 20  # request start positions are spread over this range
 
@@ -58,6 +58,7 @@ class Scenario:
     tags: tuple[str, ...] = field(default=())
     dtype: str = "float32"  # logits are rounded to this dtype (laws use the rounded values)
     slots: str = "identity"  # "permuted": requests sit at scattered slots of a larger state table
+    positions: str = "random"  # "aligned": every trial at positions 0..d, as engines' own tests do
 
     def __post_init__(self):
         _validate(self)
@@ -148,6 +149,8 @@ def _validate(s: Scenario) -> None:
         raise ValueError(f"scenario.dtype: expected one of {DTYPES}, got {s.dtype!r}")
     if s.slots not in ("identity", "permuted"):
         raise ValueError(f"scenario.slots: expected 'identity' or 'permuted', got {s.slots!r}")
+    if s.positions not in ("random", "aligned"):
+        raise ValueError(f"scenario.positions: expected 'random' or 'aligned', got {s.positions!r}")
     for i, r in enumerate(s.requests):
         where = f"scenario.requests[{i}]"
         method = r.method or s.method
@@ -227,6 +230,8 @@ def family_logits(name: str, rng: np.random.Generator, vocab: int, target: np.nd
     if name == "near-target":
         base = target[:vocab]
         return np.where(np.isfinite(base), base + rng.normal(0.0, 0.3, vocab), -np.inf)
+    if name == "same":  # draft == target: nothing to reject, an empty residual
+        return target[:vocab].copy()
     if name == "disjoint":
         order = np.argsort(-np.where(np.isfinite(target[:vocab]), target[:vocab], -np.inf))
         x = rng.normal(0.0, 1.0, vocab)
@@ -351,7 +356,7 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
     per_req_counts = np.tile(counts, count)
     cu = np.concatenate([[0], np.cumsum(per_req_counts)])
     seeds = hash64(s.seed, req_index.reshape(-1), 1)
-    base = hash64(s.seed, req_index.reshape(-1), 2) % POSITION_RANGE
+    base = hash64(s.seed, req_index.reshape(-1), 2) % POSITION_RANGE if s.positions == "random" else np.zeros(req_index.size, np.int64)
     local = np.concatenate([np.arange(c + 1) for c in counts])
     positions = np.repeat(base, per_req_counts + 1) + np.tile(local, count)
     temps = np.tile(np.array([t.spec.temperature for t in templates], dtype=np.float64), count)

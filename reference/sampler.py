@@ -21,6 +21,12 @@ class ReferenceSampler:
     stop_at_rejection = True  # a rejection ends the request's verification
 
     # --- inputs -----------------------------------------------------------------------
+    def request_temperature(self, batch) -> np.ndarray:
+        return np.asarray(batch.temperature, dtype=np.float64)
+
+    def request_seeds(self, batch) -> np.ndarray:
+        return np.asarray(batch.seeds)
+
     def target_probs(self, logits: np.ndarray, temperature: np.ndarray) -> np.ndarray:
         return softmax_rows(logits, temperature)
 
@@ -46,6 +52,18 @@ class ReferenceSampler:
         accept = np.where(method == Method.STRICT, target_sample == x, accept)
         return np.where(method == Method.SYNTHETIC, u_accept < rates, accept)
 
+    def verify_rows(self, rows: np.ndarray, bonus_rows: np.ndarray) -> np.ndarray:
+        """The target row each draft is verified against (and resampled from)."""
+        return rows
+
+    def residual_rows(self, rows: np.ndarray, bonus_rows: np.ndarray) -> np.ndarray:
+        """The target row the replacement token is drawn from after a rejection."""
+        return rows
+
+    def draft_index(self, starts: np.ndarray, step: int) -> np.ndarray:
+        """The draft row of each request at this step."""
+        return starts + step
+
     def residual_uniform(self, seeds, positions, u_accept):
         return uniforms(seeds, positions, Stream.RESIDUAL)
 
@@ -67,8 +85,8 @@ class ReferenceSampler:
         counts = np.diff(cu)
         starts = cu[:-1]
         row_start = starts + np.arange(num_reqs)
-        temperature = np.asarray(batch.temperature, dtype=np.float64)
-        seeds = np.asarray(batch.seeds)
+        temperature = self.request_temperature(batch)
+        seeds = self.request_seeds(batch)
         positions = np.asarray(batch.positions)
         methods = np.asarray(batch.methods)
         drafts = np.asarray(batch.draft_tokens, dtype=np.int64)
@@ -105,8 +123,10 @@ class ReferenceSampler:
             r = reqs[live]
             rows = row_start[r] + step
             x = drafts[starts[r] + step]
-            target_rows = target[rows]
-            draft_rows = None if draft is None else draft[starts[r] + step]
+            bonus_rows = row_start[r] + num_drafts[r]
+            vrows = self.verify_rows(rows, bonus_rows)
+            target_rows = target[vrows]
+            draft_rows = None if draft is None else draft[self.draft_index(starts[r], step)]
             u_accept = uniforms(seeds[r], positions[rows], Stream.ACCEPT)
             step_rates = np.zeros(r.size) if rates is None else np.asarray(rates)[r, step]
             sample = np.full(r.size, -1, dtype=np.int64)
@@ -121,7 +141,7 @@ class ReferenceSampler:
                 u = self.residual_uniform(seeds[r[bad]], positions[rows[bad]], u_accept[bad])
                 tokens[r[bad], step] = self.rejection_token(
                     methods[r[bad]],
-                    target_rows[bad],
+                    target[self.residual_rows(vrows[bad], bonus_rows[bad])],
                     None if draft_rows is None else draft_rows[bad],
                     x[bad],
                     u,

@@ -28,20 +28,20 @@ def mean_joint_rate(base: float, decay: float, num_drafts: int) -> float:
     return float(np.mean(base ** (i + 1) * decay ** (i * (i + 1) / 2)))
 
 
-def base_and_decay(mean_rate: float, num_drafts: int) -> tuple[float, float]:
+def base_and_decay(mean_rate: float, num_drafts: int, min_decay: float = MIN_DECAY) -> tuple[float, float]:
     """``(a0, gamma)`` for a requested mean acceptance rate over ``num_drafts`` drafts."""
     if not (isinstance(num_drafts, int) and num_drafts >= 1):
         raise ValueError(f"num_drafts: expected a positive integer, got {num_drafts!r}")
     if not (0.0 <= mean_rate <= 1.0) or math.isnan(mean_rate):
         raise ValueError(f"mean_rate: expected a rate in [0, 1], got {mean_rate!r}")
     if mean_rate == 0.0:
-        return 0.0, MIN_DECAY
+        return 0.0, min_decay
     if mean_rate == 1.0:
         return 1.0, 1.0
-    if mean_joint_rate(1.0, MIN_DECAY, num_drafts) >= mean_rate:
-        decay = MIN_DECAY
+    if mean_joint_rate(1.0, min_decay, num_drafts) >= mean_rate:
+        decay = min_decay
     else:
-        decay = brentq(lambda g: mean_joint_rate(1.0, g, num_drafts) - mean_rate, MIN_DECAY, 1.0, xtol=1e-15)
+        decay = brentq(lambda g: mean_joint_rate(1.0, g, num_drafts) - mean_rate, min_decay, 1.0, xtol=1e-15)
     if mean_joint_rate(1.0, decay, num_drafts) <= mean_rate:
         return 1.0, decay  # the root sits at a0 = 1 up to rounding
     base = brentq(lambda a: mean_joint_rate(a, decay, num_drafts) - mean_rate, 0.0, 1.0, xtol=1e-15)
