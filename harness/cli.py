@@ -32,6 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--alpha", type=float, help="override the profile's per-check false-alarm rate (fuzz reproducers use it)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    f = sub.add_parser("faults", help="detection matrix: every planted fault x check family")
+    f.add_argument("--profile", default="ci")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    f.add_argument("--out", default="reports/faults", help="writes matrix.json and matrix.md here (default: reports/faults)")
+    f.add_argument("--fault", action="append", help="only these faults (repeatable)")
+    f.add_argument("--no-progress", action="store_true")
     sub.add_parser("backends", help="list the backends and whether they can run here")
     s = sub.add_parser("scenarios", help="list a profile's scenarios with their trial counts")
     s.add_argument("--profile", default="ci")
@@ -52,7 +59,8 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse already printed its one-line reason
         return 0 if e.code == 0 else 2
     try:
-        return {"run": _run, "backends": _backends, "scenarios": _scenarios, "power": _power}[args.command](args)
+        commands = {"run": _run, "faults": _faults, "backends": _backends, "scenarios": _scenarios, "power": _power}
+        return commands[args.command](args)
     except (UsageError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -116,6 +124,29 @@ def _progress(total, disabled):
 
     bar = tqdm(total=total, unit="scenario", file=sys.stderr, dynamic_ncols=True)
     return bar.update, bar.close
+
+
+def _faults(args) -> int:
+    from harness.detection import matrix, to_json, to_markdown
+    from harness.faults import FAULTS
+    from harness.profiles import get_profile
+    from harness.records import write_json_atomic, write_text_atomic
+
+    profile = get_profile(args.profile)
+    unknown = set(args.fault or ()) - set(FAULTS)
+    if unknown:
+        raise UsageError(f"--fault: unknown fault(s) {sorted(unknown)}")
+    names = args.fault or list(FAULTS)
+    progress, close = _progress(len(names), disabled=args.no_progress)
+    try:
+        rows = matrix(profile, args.seed, args.device, names, progress)
+    finally:
+        close()
+    table = to_markdown(rows, profile)
+    write_json_atomic(os.path.join(args.out, "matrix.json"), {"profile": profile.__dict__, "seed": args.seed, "rows": to_json(rows)})
+    write_text_atomic(os.path.join(args.out, "matrix.md"), table)
+    print(table)
+    return 0 if all(r.detected for r in rows) else 1
 
 
 def _backends(args) -> int:

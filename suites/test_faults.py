@@ -2,10 +2,9 @@
 
 import pytest
 
-from harness.catalog import catalog
+from harness.detection import detect, family_of
 from harness.faults import FAULTS
 from harness.profiles import get_profile
-from harness.runner import run
 
 PROFILE = get_profile("ci")
 
@@ -49,15 +48,11 @@ def test_every_fault_has_an_expectation():
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_fault_is_caught_by_the_ci_profile(fault):
-    result = run([f"fault:{fault}"], catalog(PROFILE, seed=0), PROFILE, seed=0)
-    caught = [r for r in result.records if r.verdict == "fail"]
-    assert not [r for r in result.records if r.verdict == "error"]
-    checks = {r.check for r in caught}
-    scenarios = {r.scenario for r in caught}
+    row = detect(fault, PROFILE, seed=0)
+    assert not row.errors, row.errors
     must_checks, must_scenario = EXPECTED[fault]
-    summary = sorted({(r.scenario, r.check) for r in caught})
-    assert checks & must_checks, f"{fault} caught only by {summary}"
-    assert must_scenario in scenarios, f"{fault} caught only by {summary}"
-    # The catching evidence is decisive, not marginal: a p-value far below the run's Holm level.
-    strongest = min(r.p_value for r in caught if r.p_value is not None)
-    assert strongest <= PROFILE.alpha
+    assert row.detected, f"{fault} was not caught by the ci profile"
+    assert {family_of(c) for c in must_checks} & {f for f, hit in row.families.items() if hit}, f"{fault} caught only by {row.families}"
+    assert must_scenario in row.scenarios, f"{fault} caught only in {row.scenarios}"
+    # The strongest evidence is decisive: an exact violation or a p-value at most alpha.
+    assert row.p_value is not None and row.p_value <= PROFILE.alpha
