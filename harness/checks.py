@@ -10,13 +10,13 @@ Checks
 structure          exact. Every trial emits 1..d+1 in-vocabulary ids whose prefix equals
                    its drafts (placeholders and everything after them never accepted).
                    The only check for templates with degenerate (NaN or all-masked) rows.
-outcome-law        G-test of (n accepted, emitted token) against the exact law: fixed
+outcome-law        Chi-square test of (n accepted, emitted token) against the exact law: fixed
                    drafts, or the mixture over drafts for block verification. Exact when
                    the law is a point mass (greedy).
-position-law       drafts drawn per trial, chain methods: product-multinomial G-test, one
+position-law       drafts drawn per trial, chain methods: product-multinomial chi-square, one
                    multinomial per step over the trials that reach it, cells (accepted
                    draft y | rejected, emitted y). Together these are the whole output law.
-acceptance-length  G-test of the number of accepted drafts (synthetic: the closed form
+acceptance-length  Chi-square test of the number of accepted drafts (synthetic: the closed form
                    P(N >= i+1) = r_i; lossless: the exact law's marginal).
 acceptance-rate[j] synthetic only: exact binomial test of step j's conditional acceptance.
 """
@@ -24,6 +24,7 @@ acceptance-rate[j] synthetic only: exact binomial test of step j's conditional a
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import norm
 
 from harness import stats
 from harness.profiles import Profile
@@ -58,10 +59,15 @@ class Check:
     template: int
     design_trials: int
     evaluate: object  # (TemplateTally, numpy Generator) -> Verdict
+    detectable: object = None  # trials -> smallest TV detected at that many trials (before sampling)
+    cells: object = None  # tally -> (observed, expected) counts over the check's cells (law checks)
+
+    def design_detectable(self, trials: int) -> float:
+        return self.detectable(trials) if self.detectable else float("nan")
 
 
 def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float = 1.0, segments: int = 1):
-    """Trials and bins for a G-test: pool at the trial count that the pooled df needs."""
+    """Trials and bins for a chi-square test: pool at the trial count that the pooled df needs."""
     probs = np.asarray(expected_probs, dtype=np.float64).ravel()
     n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(int((probs > 0).sum()) - segments, 1), steps)
     for _ in range(MAX_POOLING_ROUNDS):
@@ -89,7 +95,7 @@ def _cells_summary(labels, observed, expected, bins, limit=12):
 
 
 def _gof(name, template, probs, labels, profile, source, segments=None, reach=None) -> Check:
-    """A G-test check over ``probs`` cells (conditional per segment when ``segments``)."""
+    """A chi-square check over ``probs`` cells (conditional per segment when ``segments``)."""
     probs = np.asarray(probs, dtype=np.float64).ravel()
     seg = np.zeros(probs.size, dtype=np.int64) if segments is None else segments.ravel()
     reach_per_cell = np.ones(probs.size) if reach is None else reach[seg]
@@ -100,10 +106,14 @@ def _gof(name, template, probs, labels, profile, source, segments=None, reach=No
     if exact:
         design = stats.exact_trials_for_rate(profile.power, profile.tv)
 
-    def evaluate(tally: TemplateTally, rng) -> Verdict:
+    def cells(tally: TemplateTally):
         observed = np.asarray(source(tally), dtype=np.float64).ravel()
         sizes = np.bincount(seg, weights=observed, minlength=int(seg.max(initial=0)) + 1)
-        expected = probs * sizes[seg]
+        return observed, probs * sizes[seg]
+
+    def evaluate(tally: TemplateTally, rng) -> Verdict:
+        observed, expected = cells(tally)
+        sizes = np.bincount(seg, weights=observed, minlength=int(seg.max(initial=0)) + 1)
         trials = int(observed.sum() if reach is None else sizes[0])
         if exact:
             bad = int(observed[probs == 0].sum())
@@ -114,9 +124,9 @@ def _gof(name, template, probs, labels, profile, source, segments=None, reach=No
                 f"{bad} of {trials} trials left the deterministic outcome" if bad else "every trial gave the deterministic outcome",
                 _cells_summary(labels, observed, expected, bins),
             )  # fmt: skip
-        r = stats.g_test(observed, expected, bins, seg, rng)
+        r = stats.chi_square_test(observed, expected, bins, seg, rng)
         detect = stats.detectable_tv(profile.alpha, profile.power, df, trials, steps)
-        msg = f"G={r.statistic:.2f} df={r.df} p={r.p_value:.3g}"
+        msg = f"X2={r.statistic:.2f} df={r.df} p={r.p_value:.3g}"
         if r.impossible:
             msg = f"{r.impossible} observation(s) in zero-probability cells; " + msg
         return Verdict(
@@ -124,7 +134,10 @@ def _gof(name, template, probs, labels, profile, source, segments=None, reach=No
             detect, r.tv_estimate, r.tv_ci, msg, _cells_summary(labels, observed, expected, bins),
         )  # fmt: skip
 
-    return Check(name, template, design, evaluate)
+    def detectable(n):
+        return stats.exact_detectable_rate(profile.power, n) if exact else stats.detectable_tv(profile.alpha, profile.power, df, n, steps)
+
+    return Check(name, template, design, evaluate, detectable, cells)
 
 
 def _outcome_labels(d, vocab):
@@ -202,7 +215,7 @@ def _structure_check(i, profile) -> Check:
             msg,
         )
 
-    return Check("structure", i, design, evaluate)
+    return Check("structure", i, design, evaluate, lambda n: stats.exact_detectable_rate(profile.power, n))
 
 
 def _length_check(i, length_law, profile) -> Check:
@@ -223,7 +236,12 @@ def _rate_check(i, j, rate, reach, profile) -> Check:
         passed = p > profile.alpha
         return Verdict("binomial", passed, float(k), None, p, profile.alpha, n, detect, abs(observed - rate) if n else None, None, msg)
 
-    return Check(f"acceptance-rate[{j}]", i, design, evaluate)
+    def detectable(n):  # at the expected number of trials reaching step j, less its 1 - alpha shortfall
+        z = float(norm.isf(profile.alpha))
+        reached = n * reach - z * (n * reach * (1 - reach)) ** 0.5
+        return stats.binomial_detectable(profile.alpha, profile.power, rate, int(max(reached, 0)))
+
+    return Check(f"acceptance-rate[{j}]", i, design, evaluate, detectable)
 
 
 def _skipped(name, i, reason) -> Check:

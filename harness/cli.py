@@ -39,6 +39,17 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--out", default="reports/faults", help="writes matrix.json and matrix.md here (default: reports/faults)")
     f.add_argument("--fault", action="append", help="only these faults (repeatable)")
     f.add_argument("--no-progress", action="store_true")
+    c = sub.add_parser("calibrate", help="measured false-alarm rate and p-value uniformity of the checks on the reference")
+    c.add_argument("--profile", default="smoke", help="trial counts from this profile (default: smoke; alpha is overridden)")
+    c.add_argument("--seeds", type=int, default=1000)
+    c.add_argument("--alpha", type=float, action="append", help="loose levels to measure (default: 0.01 and 0.05)")
+    c.add_argument("--out", default="reports/calibration", help="writes calibration.json and calibration.md here")
+    pe = sub.add_parser("peers", help="peers' statistics vs ours on the planted faults (writes peers.md)")
+    pe.add_argument("--profile", default="ci")
+    pe.add_argument("--seed", type=int, default=0)
+    pe.add_argument("--fault", action="append", help="only these faults (repeatable)")
+    pe.add_argument("--max-trials", type=int, default=1 << 20)
+    pe.add_argument("--out", default="reports/peers")
     sub.add_parser("backends", help="list the backends and whether they can run here")
     s = sub.add_parser("scenarios", help="list a profile's scenarios with their trial counts")
     s.add_argument("--profile", default="ci")
@@ -59,7 +70,14 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse already printed its one-line reason
         return 0 if e.code == 0 else 2
     try:
-        commands = {"run": _run, "faults": _faults, "backends": _backends, "scenarios": _scenarios, "power": _power}
+        commands = {
+            "run": _run,
+            "faults": _faults,
+            "calibrate": _calibrate,
+            "backends": _backends,
+            "scenarios": _scenarios,
+            "power": _power,
+        }
         return commands[args.command](args)
     except (UsageError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -147,6 +165,58 @@ def _faults(args) -> int:
     write_text_atomic(os.path.join(args.out, "matrix.md"), table)
     print(table)
     return 0 if all(r.detected for r in rows) else 1
+
+
+def _calibrate(args) -> int:
+    from harness.calibration import detectable_table, fmt, p_values, summarize
+    from harness.profiles import PROFILES, get_profile
+    from harness.records import write_json_atomic, write_text_atomic
+
+    profile = get_profile(args.profile)
+    if args.seeds < 1:
+        raise UsageError("--seeds: expected a positive number of seeds")
+    rows = []
+    for alpha in args.alpha or [0.01, 0.05]:
+        rows += summarize(alpha, p_values(profile, range(args.seeds), alpha))
+    lines = [
+        f"Calibration on the reference: {args.seeds} seeds, trial counts of profile `{profile.name}`.",
+        "",
+        "| α | check kind | checks | false alarms | rate | binomial p (rate = α) | KS p (uniform) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.alpha:g} | {r.kind} | {r.checks} | {r.false_alarms} | {r.rate:.4f} | {fmt(r.agreement_p)} | {fmt(r.ks_p)} |" for r in rows
+    ]
+    power_rows = detectable_table([PROFILES[n] for n in PROFILES])
+    lines += ["", "Smallest TV detected with power 0.99 at α = 1e-6 (worst check of each profile's catalog):", ""]
+    lines += ["| profile | design TV | worst check's detectable TV | trials in the catalog |", "|---|---|---|---|"]
+    lines += [f"| {r['profile']} | {r['design_tv']} | {r['worst_detectable_tv']:.4f} | {r['trials']:,} |" for r in power_rows]
+    text = "\n".join(lines) + "\n"
+    write_json_atomic(
+        os.path.join(args.out, "calibration.json"),
+        {"seeds": args.seeds, "profile": profile.name, "rows": [r.__dict__ for r in rows], "power": power_rows},
+    )
+    write_text_atomic(os.path.join(args.out, "calibration.md"), text)
+    print(text)
+    return 0
+
+
+def _peers(args) -> int:
+    from harness.faults import FAULTS
+    from harness.peers import compare, to_markdown
+    from harness.profiles import get_profile
+    from harness.records import write_json_atomic, write_text_atomic
+
+    profile = get_profile(args.profile)
+    unknown = set(args.fault or ()) - set(FAULTS)
+    if unknown:
+        raise UsageError(f"--fault: unknown fault(s) {sorted(unknown)}")
+    rows = [compare(name, profile, args.seed, args.max_trials) for name in args.fault or FAULTS]
+    text = to_markdown(rows, profile, args.max_trials)
+    write_json_atomic(os.path.join(args.out, "peers.json"), rows)
+    write_text_atomic(os.path.join(args.out, "peers.md"), text)
+    print(text)
+    return 0
 
 
 def _backends(args) -> int:

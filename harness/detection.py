@@ -30,6 +30,7 @@ class FaultRow:
     p_value: float | None
     scenarios: list = field(default_factory=list)
     errors: list = field(default_factory=list)
+    catches: list = field(default_factory=list)  # (scenario, template, check, p-value) of every failing check
 
 
 def detect(fault: str, profile: Profile, seed: int = 0, device: str = "cpu") -> FaultRow:
@@ -47,6 +48,7 @@ def detect(fault: str, profile: Profile, seed: int = 0, device: str = "cpu") -> 
         p_value=strongest.p_value if strongest else None,
         scenarios=sorted({r.scenario for r in failed}),
         errors=[r.message for r in result.records if r.verdict == "error"],
+        catches=[(r.scenario, r.template, r.check, r.p_value) for r in failed],
     )
 
 
