@@ -177,7 +177,9 @@ def _calibrate(args) -> int:
         raise UsageError("--seeds: expected a positive number of seeds")
     rows = []
     for alpha in args.alpha or [0.01, 0.05]:
-        rows += summarize(alpha, p_values(profile, range(args.seeds), alpha))
+        values = p_values(profile, range(args.seeds), alpha)
+        rows += summarize(alpha, values)
+    rows += summarize(profile.alpha, values)  # the default level on the same p-values: expect no alarm
     lines = [
         f"Calibration on the reference: {args.seeds} seeds, trial counts of profile `{profile.name}`.",
         "",
