@@ -21,7 +21,7 @@ acceptance-length  Chi-square test of the number of accepted drafts (synthetic: 
 acceptance-rate[j] synthetic only: exact binomial test of step j's conditional acceptance.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.stats import norm
@@ -51,6 +51,7 @@ class Verdict:
     tv_ci: tuple[float, float] | None
     message: str
     cells: list | None = None  # [(label, observed, expected)] for the largest pooled cells
+    extra: dict = field(default_factory=dict)  # chart data (per-step acceptance with CIs)
 
 
 @dataclass
@@ -86,8 +87,12 @@ def _cells_summary(labels, observed, expected, bins, limit=12):
     for cell, b in enumerate(bins):
         if b >= 0:
             names.setdefault(int(b), []).append(labels[cell])
-    order = np.argsort(-e)[:limit]
-    rows = [(" + ".join(names[int(b)][:3]) + (" + …" if len(names[int(b)]) > 3 else ""), float(o[b]), float(e[b])) for b in order]
+    order = np.argsort(-e, kind="stable")
+    shown = order[:limit]
+    rows = [(" + ".join(names[int(b)][:3]) + (" + …" if len(names[int(b)]) > 3 else ""), float(o[b]), float(e[b])) for b in shown]
+    if order.size > limit:
+        rest = order[limit:]
+        rows.append((f"all {rest.size} other cells", float(o[rest].sum()), float(e[rest].sum())))
     impossible = float(np.asarray(observed).ravel()[bins < 0].sum())
     if impossible:
         rows.append(("impossible cells", impossible, 0.0))
@@ -220,7 +225,35 @@ def _structure_check(i, profile) -> Check:
 
 def _length_check(i, length_law, profile) -> Check:
     labels = [f"accepted={n}" for n in range(len(length_law))]
-    return _gof("acceptance-length", i, length_law, labels, profile, _lengths)
+    check = _gof("acceptance-length", i, length_law, labels, profile, _lengths)
+    inner = check.evaluate
+
+    def evaluate(tally: TemplateTally, rng) -> Verdict:
+        verdict = inner(tally, rng)
+        verdict.extra = acceptance_by_step(_lengths(tally), length_law)
+        return verdict
+
+    check.evaluate = evaluate
+    return check
+
+
+def acceptance_by_step(length_counts, length_law) -> dict:
+    """Per-step conditional acceptance, observed (with a 95% Wilson interval) and exact:
+    ``P(N >= j+1 | N >= j)`` from the accepted-count law."""
+    counts = np.asarray(length_counts, dtype=np.float64)
+    law = np.asarray(length_law, dtype=np.float64)
+    reached = counts[::-1].cumsum()[::-1]  # trials with N >= j
+    tail = law[::-1].cumsum()[::-1]
+    steps = []
+    for j in range(law.size - 1):
+        n, k = int(reached[j]), int(reached[j + 1])
+        if tail[j] <= 0 or n == 0:
+            continue
+        lo, hi = stats.wilson_interval(k, n)
+        steps.append(
+            {"step": j, "reached": n, "accepted": k, "observed": k / n, "lo": lo, "hi": hi, "expected": float(tail[j + 1] / tail[j])}
+        )
+    return {"length_observed": counts.tolist(), "length_expected": law.tolist(), "acceptance": steps}
 
 
 def _rate_check(i, j, rate, reach, profile) -> Check:

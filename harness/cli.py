@@ -10,6 +10,7 @@ import os
 import sys
 
 from harness.device import configure_triton
+from harness.history import HistoryError
 
 configure_triton()  # before any backend module defines a @triton.jit kernel
 
@@ -32,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--alpha", type=float, help="override the profile's per-check false-alarm rate (fuzz reproducers use it)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--history", help="append this run to a history file (SQLite), e.g. reports/history.sqlite")
+    r.add_argument("--label", help="a label for this run in the history (e.g. 'vllm main abc123')")
+    rp = sub.add_parser("report", help="build the drift page from a history")
+    rp.add_argument("--history", required=True, help="history file written by 'run --history'")
+    rp.add_argument("--out", required=True, help="HTML file to write")
     f = sub.add_parser("faults", help="detection matrix: every planted fault x check family")
     f.add_argument("--profile", default="ci")
     f.add_argument("--seed", type=int, default=0)
@@ -74,12 +80,14 @@ def main(argv=None) -> int:
             "run": _run,
             "faults": _faults,
             "calibrate": _calibrate,
+            "peers": _peers,
+            "report": _report,
             "backends": _backends,
             "scenarios": _scenarios,
             "power": _power,
         }
         return commands[args.command](args)
-    except (UsageError, ValueError, OSError) as e:
+    except (UsageError, ValueError, OSError, HistoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -132,6 +140,11 @@ def _run(args) -> int:
     paths = write_outputs(result, args.out, argv=sys.argv)
     print(summary_table(result))
     print(f"results: {paths['results']}\nreport:  {paths['report']}")
+    if args.history:
+        from harness.history import append_run
+
+        run_id = append_run(args.history, paths["document"], args.label)
+        print(f"history: {args.history} (run {run_id})")
     return 1 if result.failed else 0
 
 
@@ -218,6 +231,18 @@ def _peers(args) -> int:
     write_json_atomic(os.path.join(args.out, "peers.json"), rows)
     write_text_atomic(os.path.join(args.out, "peers.md"), text)
     print(text)
+    return 0
+
+
+def _report(args) -> int:
+    from harness.drift import render
+    from harness.records import write_text_atomic
+
+    text, data = render(args.history)
+    write_text_atomic(args.out, text)
+    print(
+        f"drift page: {args.out} ({len(data['runs'])} runs, {len(data['regressions'])} regressions, {len(data['api_drift'])} API drift, {len(data['shifts'])} shifts)"
+    )
     return 0
 
 

@@ -37,6 +37,7 @@ class RunResult:
     seconds: float
     backend_seconds: dict = field(default_factory=dict)
     trials: dict = field(default_factory=dict)  # (backend, scenario) -> trials per template
+    scenarios: dict = field(default_factory=dict)  # name -> scenario as JSON data
 
     @property
     def failed(self) -> bool:
@@ -129,7 +130,8 @@ def run(
                 progress(1)
         backend_seconds[name] = elapsed
     family = _apply_holm(records, profile.alpha)
-    return RunResult(records, profile, seed, family, time.perf_counter() - start, backend_seconds, trial_counts)
+    described = {s.name: s.to_dict() for s in scenarios}
+    return RunResult(records, profile, seed, family, time.perf_counter() - start, backend_seconds, trial_counts, described)
 
 
 def _record(backend, scenario, check, v, repro) -> CheckRecord:
@@ -142,7 +144,7 @@ def _record(backend, scenario, check, v, repro) -> CheckRecord:
         verdict=verdict, kind=v.kind, statistic=v.statistic, df=v.df, p_value=v.p_value,
         alpha=v.alpha, holm_threshold=None, trials=v.trials, detectable_tv=v.detectable_tv,
         tv_estimate=v.tv_estimate, tv_ci=v.tv_ci, message=v.message, reproducer=repro,
-        method=scenario.method, cells=v.cells, extra={"scenario_json": scenario.to_dict()},
+        method=scenario.method, cells=v.cells, extra=v.extra,
     )  # fmt: skip
 
 
@@ -150,8 +152,12 @@ def _skipped_record(backend, scenario, check, reason, repro) -> CheckRecord:
     return CheckRecord(backend, scenario.name, check.template, check.name, "skipped", "skipped", reason, repro, scenario.method)
 
 
+API_DRIFT = "vLLM API changed"  # adapters raise this when they cannot bind to the vLLM they find
+
+
 def _error_record(backend, scenario, template, stage, message, repro) -> CheckRecord:
-    return CheckRecord(backend, scenario, template, stage, "error", "error", message, repro)
+    kind = "api-drift" if API_DRIFT in message else "error"
+    return CheckRecord(backend, scenario, template, stage, "error", kind, message, repro)
 
 
 def _apply_holm(records: list[CheckRecord], alpha: float) -> float:

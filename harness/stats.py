@@ -168,6 +168,17 @@ def _tv_with_ci(observed, expected, seg, rng, reps: int = 200):
     return tv, (float(lo), float(hi))
 
 
+def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial rate (for display next to exact tests)."""
+    if trials <= 0:
+        return 0.0, 1.0
+    z = float(stats.norm.isf((1 - confidence) / 2))
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def binomial_test(successes: int, trials: int, rate: float) -> float:
     """Two-sided exact binomial p-value; a deterministic rate makes any deviation p = 0."""
     if trials == 0:
