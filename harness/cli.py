@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--alpha", type=float, help="override the profile's per-check false-alarm rate (fuzz reproducers use it)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument(
+        "--vllm-src", help="verify the vLLM in this python-only source tree (a folder holding vllm/; see scripts/build_vllm_tree.py)"
+    )
     r.add_argument("--history", help="append this run to a history file (SQLite), e.g. reports/history.sqlite")
     r.add_argument("--label", help="a label for this run in the history (e.g. 'vllm main abc123')")
     rp = sub.add_parser("report", help="build the drift page from a history")
@@ -131,6 +134,10 @@ def _run(args) -> int:
     if args.seed < 0:
         raise UsageError("--seed: expected a non-negative integer")
     scenarios, refs = _select_scenarios(args, profile)
+    if args.vllm_src:
+        from harness.backends.vllm_env import use_source_tree
+
+        use_source_tree(args.vllm_src)
     backends = args.backend or ["reference"]
     progress, close = _progress(len(backends) * len(scenarios), disabled=args.no_progress)
     try:
