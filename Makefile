@@ -6,9 +6,11 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: run test lint bench
 
-$(STAMP): requirements.txt requirements-test.txt
+$(STAMP): requirements.txt requirements-test.txt requirements-vllm.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
+	# vLLM's samplers are pure Python + Triton: its code and their import closure, no dependency resolution
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-vllm.txt
 	touch $(STAMP)
 
 run: $(STAMP)  ## the main job: verify the reference on the CPU default, report in reports/latest/

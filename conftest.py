@@ -25,6 +25,15 @@ def pytest_addoption(parser):
     )
     group.addoption("--profile", default="ci", help="profile for --backend runs (default: ci)")
     group.addoption("--run-seed", type=int, default=0, help="seed for --backend runs (default: 0)")
+    group.addoption("--vllm-src", default=None, help="verify the vLLM in this python-only source tree (default: the installed vLLM)")
+
+
+def pytest_configure(config):
+    src = config.getoption("--vllm-src", default=None)
+    if src:
+        from harness.backends.vllm_env import use_source_tree
+
+        use_source_tree(src)
 
 
 def pytest_report_header(config):

@@ -72,7 +72,7 @@ def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float =
     probs = np.asarray(expected_probs, dtype=np.float64).ravel()
     n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(int((probs > 0).sum()) - segments, 1), steps)
     for _ in range(MAX_POOLING_ROUNDS):
-        bins = stats.pool_cells(probs * n)
+        bins = stats.pool_cells_capped(probs * n)
         df = max(int(bins.max(initial=-1)) + 1 - segments, 1)
         needed = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
         if needed >= n:

@@ -33,6 +33,7 @@ from scipy import stats
 from scipy.optimize import brentq
 
 MIN_EXPECTED = 5.0  # per pooled cell, for the chi-square approximation
+MAX_BINS = 100  # pooled cells per check: bounds df, so large vocabularies do not inflate trial counts
 
 
 @lru_cache(maxsize=4096)
@@ -104,6 +105,22 @@ def pool_cells(expected: np.ndarray, min_expected: float = MIN_EXPECTED) -> np.n
     if members:
         bins[members] = max(next_bin - 1, 0) if next_bin > 0 else 0
     return bins
+
+
+def pool_cells_capped(expected: np.ndarray, max_bins: int = MAX_BINS) -> np.ndarray:
+    """``pool_cells`` with the smallest per-bin expectation (>= MIN_EXPECTED) that leaves at
+    most ``max_bins`` bins: still decided by expected counts alone."""
+    bins = pool_cells(expected)
+    if bins.max(initial=-1) + 1 <= max_bins:
+        return bins
+    lo, hi = MIN_EXPECTED, float(np.sum(expected))
+    for _ in range(60):  # bisect the threshold: fewer bins as it grows
+        mid = (lo + hi) / 2
+        if pool_cells(expected, mid).max(initial=-1) + 1 <= max_bins:
+            hi = mid
+        else:
+            lo = mid
+    return pool_cells(expected, hi)
 
 
 def pooled(values: np.ndarray, bins: np.ndarray) -> np.ndarray:

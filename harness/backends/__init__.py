@@ -1,6 +1,9 @@
 """Backend registry: built-in names, planted faults, and third-party dotted paths.
 
 ``reference``          the float64 NumPy sampler (``reference.sampler``).
+``triton``             the suite's own Triton sampler (``harness.backends.triton_sampler``).
+``vllm-mrv2``          vLLM's Model Runner V2 ``rejection_sample`` (``harness.backends.vllm_mrv2``).
+``vllm-v1``            vLLM's V1 ``rejection_sample`` (``harness.backends.vllm_v1``).
 ``fault:NAME``         the reference with one planted bug (``harness.faults``).
 ``pkg.mod:Attr``       a third-party implementation: a class (instantiated with no
                        arguments), an object with ``sample(batch)``, or a plain function
@@ -37,8 +40,16 @@ class FunctionBackend:
         return self._fn(batch)
 
 
+# Built-in names for backends whose modules import heavy packages only when loaded.
+NAMED = {
+    "triton": "harness.backends.triton_sampler:TritonBackend",
+    "vllm-mrv2": "harness.backends.vllm_mrv2:VllmMrv2Backend",
+    "vllm-v1": "harness.backends.vllm_v1:VllmV1Backend",
+}
+
+
 def builtin_names() -> list[str]:
-    return ["reference"] + [f"fault:{name}" for name in FAULTS]
+    return ["reference", *NAMED] + [f"fault:{name}" for name in FAULTS]
 
 
 def load_backend(name: str):
@@ -47,6 +58,10 @@ def load_backend(name: str):
         raise ValueError("backend: expected a backend name")
     if name == "reference":
         return SamplerBackend(name, ReferenceSampler())
+    if name in NAMED:
+        backend = _load_dotted(NAMED[name])
+        backend.name = name
+        return backend
     if name.startswith("fault:"):
         fault = name.split(":", 1)[1]
         if fault not in FAULTS:
@@ -79,7 +94,16 @@ def _load_dotted(name: str):
 
 
 def describe_backends() -> list[tuple[str, bool, str]]:
-    """(name, available, note) for every built-in backend."""
+    """(name, available, note) for every built-in backend; the note says why not, and how to fix it."""
     rows = [("reference", True, "float64 NumPy reference sampler")]
+    for name, path in NAMED.items():
+        module_name = path.split(":")[0]
+        try:
+            module = importlib.import_module(module_name)
+            probe = getattr(module, "availability", None)
+            available, note = probe() if probe else (True, (module.__doc__ or "").strip().splitlines()[0])
+        except Exception as e:  # an optional dependency missing is a note, not a crash
+            available, note = False, f"{type(e).__name__}: {e}"
+        rows.append((name, available, note))
     rows += [(f"fault:{n}", True, (cls.__doc__ or "").strip().splitlines()[0]) for n, cls in FAULTS.items()]
     return rows

@@ -1,0 +1,145 @@
+"""Time per call: the suite's Triton sampler vs vLLM MRV2 ``rejection_sample`` on the same
+inputs (standard method, fp32 target logits, bf16 draft logits), and the achieved bytes/s
+against the GPU's measured device-to-device copy bandwidth.
+
+Run on a GPU machine: ``python benchmarks/bench_kernels.py --json OUT.json`` (vLLM from the
+installed package or ``SPECDEC_VLLM_SRC``). Timings: ``triton.testing.do_bench`` medians.
+Bytes counted: every target row (fp32) and draft row (bf16) read once.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from harness.environment import describe  # noqa: E402
+
+BATCHES = (1, 64, 256, 1024)
+DRAFTS = (1, 4, 8)
+VOCABS = (32000, 131072, 152064)
+
+
+def copy_bandwidth(gib: float = 2.0) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    from triton.testing import do_bench
+
+    n = int(gib * (1 << 30)) // 4
+    src = torch.empty(n, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=200)
+    return 2 * n * 4 / (ms * 1e-3)
+
+
+def inputs(b, k, v, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rows = b * (k + 1)
+    return {
+        "target": torch.randn(rows, v, device="cuda", generator=g, dtype=torch.float32),
+        "draft": torch.randn(b, k, v, device="cuda", generator=g, dtype=torch.float32).to(torch.bfloat16),
+        "tokens": torch.randint(0, v, (b, k), device="cuda", generator=g),
+        "temperature": torch.ones(b, device="cuda"),
+        "seeds": torch.randint(0, 2**31, (b,), device="cuda", generator=g),
+    }
+
+
+def triton_call(x, b, k, v):
+    from harness.backends.triton_sampler import verify
+
+    cu = torch.arange(0, b * k + 1, k, device="cuda", dtype=torch.int64)
+    positions = torch.arange(b * (k + 1), device="cuda", dtype=torch.int64) + 1000
+    methods = torch.zeros(b, dtype=torch.int8, device="cuda")
+    draft = x["draft"].reshape(b * k, v)
+    tokens = x["tokens"].reshape(-1)
+    t64 = x["temperature"].double()
+
+    def call():
+        return verify(
+            x["target"],
+            draft,
+            tokens,
+            cu,
+            t64,
+            x["seeds"],
+            positions,
+            methods,
+            None,
+            k,
+            has_strict=False,
+            has_block=False,
+            has_synthetic=False,
+        )
+
+    return call
+
+
+def mrv2_call(x, b, k, v):
+    from harness.backends import vllm_env
+
+    vllm_env.prepare()
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
+
+    rows = b * (k + 1)
+    draft_sampled = torch.zeros(b, k + 1, dtype=torch.int64, device="cuda")
+    draft_sampled[:, 1:] = x["tokens"]  # row j verifies draft_sampled[row + 1]
+    cu = torch.arange(0, rows + 1, k + 1, device="cuda", dtype=torch.int32)
+    pos = torch.arange(rows, device="cuda", dtype=torch.int64) + 1000
+    idx = torch.arange(b, device="cuda", dtype=torch.int32)
+    expanded = idx.repeat_interleave(k + 1)
+    local = torch.arange(k + 1, device="cuda", dtype=torch.int32).repeat(b)
+
+    def call():
+        return rejection_sample(
+            x["target"], x["draft"], draft_sampled.reshape(-1), cu, pos, idx, expanded, local, x["temperature"], x["seeds"], k
+        )
+
+    return call
+
+
+def main() -> int:
+    from triton.testing import do_bench
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--backends", default="triton,vllm-mrv2")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("error: no CUDA device", file=sys.stderr)
+        return 2
+    bandwidth = copy_bandwidth()
+    makers = {"triton": triton_call, "vllm-mrv2": mrv2_call}
+    rows = []
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    for v in VOCABS:
+        for k in DRAFTS:
+            for b in BATCHES:
+                x = inputs(b, k, v)
+                nbytes = b * (k + 1) * v * 4 + b * k * v * 2
+                row = {"B": b, "K": k, "V": v, "bytes": nbytes}
+                for name in args.backends.split(","):
+                    try:
+                        ms = do_bench(makers[name](x, b, k, v), warmup=25, rep=200)
+                        row[name] = {"ms": ms, "TBps": nbytes / (ms * 1e-3) / 1e12, "of_copy": nbytes / (ms * 1e-3) / bandwidth}
+                    except Exception as e:  # one backend failing to run a shape is its own result
+                        row[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                rows.append(row)
+                cells = "  ".join(
+                    f"{n}: {row[n]['ms']:.3f} ms ({row[n]['of_copy']:.0%} of copy)" if "ms" in row[n] else f"{n}: {row[n]['error']}"
+                    for n in args.backends.split(",")
+                )
+                print(f"B={b:5d} K={k} V={v:6d}  {cells}", flush=True)
+                del x
+                torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"environment": describe(), "copy_bandwidth_Bps": bandwidth, "command": " ".join(sys.argv), "results": rows}, f, indent=1
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

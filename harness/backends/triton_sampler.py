@@ -1,0 +1,702 @@
+"""The suite's own Triton sampler: every verification method behind the protocol (``triton``).
+
+Same output law as ``reference.sampler`` (not the same random numbers). One ``sample`` call
+launches a fixed pipeline with no host synchronization:
+
+1. ``_stats_kernel`` (+ ``_combine_kernel`` when the vocabulary is split over programs):
+   per target and draft row, an online log-sum-exp of ``logits / T`` over vocabulary
+   tiles (max, log of the sum of exponentials, argmax with ties to the lowest id,
+   degenerate flag).
+2. Strict requests only: the target's own sample ``y`` of every row they verify (as 5.).
+3. ``_chain_kernel``: one lane per request, a loop over draft steps: acceptance of every
+   chain method (standard, strict, synthetic; greedy is standard at T = 0), and the running
+   ratios ``rho`` of block requests. Tokens fixed by a point mass (T = 0, a degenerate row,
+   a strict rejection) are written here; the others become *jobs*: draw one token from a
+   target row or from a residual ``max(rho * target - draft, 0)``.
+4. Block requests only: ``_mass_kernel`` (residual masses of the inner rows) and
+   ``_block_kernel`` (the stop position, Sun et al. 2024).
+5. ``_mass_kernel`` + ``_pick_kernel``: each job's token by inverse CDF. The first pass
+   sums the weights per vocabulary split; the second picks the split holding
+   ``u * total`` and scans only that split with fp64 running sums. ``u`` has 52 random
+   bits, so a token 1e-12 below the total is drawn at its rate (vLLM #43150 starved tokens
+   below fp32's 2**-24). An empty residual falls back to the target row.
+
+All noise is a counter-based Philox draw keyed by (seed, position, stream): a request's
+output depends on its own inputs only, and tiles depend on the vocabulary alone.
+
+Conventions follow ``reference`` (block verification's running ratio stays 0 once 0:
+``0 * inf = 0``, as ``reference.rules.block_step``).
+"""
+
+import os
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from reference.methods import Method
+from reference.rng import Stream
+
+_STRICT = tl.constexpr(int(Method.STRICT))
+_BLOCK = tl.constexpr(int(Method.BLOCK))
+_SYNTHETIC = tl.constexpr(int(Method.SYNTHETIC))
+_ACCEPT = tl.constexpr(int(Stream.ACCEPT))
+_RESIDUAL = tl.constexpr(int(Stream.RESIDUAL))
+_TARGET = tl.constexpr(int(Stream.TARGET))
+_BLOCK_STREAM = tl.constexpr(int(Stream.BLOCK))
+_TWO_M52 = tl.constexpr(2.220446049250313e-16)  # 2**-52
+_MAX_INV_T = tl.constexpr(1e30)  # 1/T for tiny T: keeps (a - max) * inv_t finite, ties intact
+_LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: a finite "nothing seen yet"
+_NO_ID = tl.constexpr(2**31 - 1)
+_LOG2E = tl.constexpr(1.4426950408889634)
+
+
+# --- noise ------------------------------------------------------------------------------------
+@triton.jit
+def _uniform(seed, position, stream: tl.constexpr):
+    """float64 uniform keyed by (seed, position, stream): Philox words mapped to
+    (k + 0.5) * 2**-52, never 0 (a zero probability never passes ``u < p``) and never 1."""
+    zero = seed * 0 + position * 0  # int64, the broadcast shape
+    pos = position + zero
+    c1 = (pos & 0xFFFFFFFF).to(tl.uint32)
+    r0, r1, _, _ = tl.philox(seed + zero, zero.to(tl.uint32), c1, (pos >> 32).to(tl.uint32), (zero + stream).to(tl.uint32))
+    bits = (r0.to(tl.uint64) << 20) | (r1 >> 12).to(tl.uint64)
+    return (bits.to(tl.float64) + 0.5) * _TWO_M52
+
+
+# --- per-row statistics -----------------------------------------------------------------------
+@triton.jit
+def _inv_temperature(temp):
+    """fp32 1/T; greedy rows (T = 0) use 1 (their statistics only feed the argmax)."""
+    safe = tl.where(temp > 0, temp, 1.0)
+    return tl.minimum(1.0 / safe, _MAX_INV_T).to(tl.float32)
+
+
+@triton.jit
+def _stats_step(a, m, s, best, start, scale):
+    """Fold one tile into the running max ``m``, rescaled sum ``s`` and max's tile ``best``."""
+    tile_max = tl.max(a, axis=1)
+    best = tl.where(tile_max > m, start, best)  # strict: the first tile holding the max
+    new_m = tl.maximum(m, tile_max)
+    s = s * tl.exp2((m - new_m) * scale) + tl.sum(tl.exp2((a - new_m[:, None]) * scale[:, None]), axis=1)
+    return new_m, s, best
+
+
+@triton.jit
+def _stats_kernel(
+    logits, stride, width, n_rows, row_req, temperature,
+    out_m, out_s, out_arg, out_nan,
+    split_len, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Max, sum of exp((a - max) / T), argmax and NaN flag of ``BLOCK_R`` rows over one split.
+
+    The loop keeps a running max and rescaled sum (one exp2 per logit; a NaN logit makes
+    the sum NaN) and remembers the tile where the max last grew; the argmax (lowest id) is
+    found by reading that one tile again at the end, not by an argmax per tile. Full tiles
+    load without a column mask (the loop is bound by the exp2 and the loads).
+    """
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    split = tl.program_id(1)
+    valid = rows < n_rows
+    req = tl.load(row_req + rows, mask=valid, other=0)
+    scale = _inv_temperature(tl.load(temperature + req, mask=valid, other=1.0)) * _LOG2E
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, width)
+    full = lo + (hi - lo) // BLOCK_V * BLOCK_V
+    base = logits + rows.to(tl.int64)[:, None] * stride
+    m = tl.full([BLOCK_R], _LOWEST, tl.float32)
+    s = tl.zeros([BLOCK_R], tl.float32)
+    best = tl.zeros([BLOCK_R], tl.int32) + lo
+    for start in range(lo, full, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)[None, :]
+        a = tl.load(base + cols, mask=valid[:, None], other=float("-inf")).to(tl.float32)
+        m, s, best = _stats_step(a, m, s, best, start, scale)
+    if full < hi:
+        cols = full + tl.arange(0, BLOCK_V)[None, :]
+        a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
+        m, s, best = _stats_step(a, m, s, best, full, scale)
+    cols = best[:, None] + tl.arange(0, BLOCK_V)[None, :]
+    a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
+    arg = tl.min(tl.where(a == m[:, None], cols, _NO_ID), axis=1)  # lowest id among the maxima
+    nan = (s != s).to(tl.int32)
+    if NSPLIT == 1:
+        _store_final(rows, valid, m, s, arg, nan, out_m, out_s, out_arg, out_nan)
+    else:
+        part = rows * NSPLIT + split
+        tl.store(out_m + part, m, mask=valid)
+        tl.store(out_s + part, s, mask=valid)
+        tl.store(out_arg + part, arg, mask=valid)
+        tl.store(out_nan + part, nan, mask=valid)
+
+
+@triton.jit
+def _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad):
+    """Final row statistics; a row with a NaN or no finite logit (s = 0) is degenerate (token 0)."""
+    bad = (nan != 0) | (s == 0)
+    tl.store(out_m + rows, m, mask=valid)
+    tl.store(out_logs + rows, tl.log(s), mask=valid)
+    tl.store(out_arg + rows, tl.where(bad, 0, arg), mask=valid)
+    tl.store(out_bad + rows, bad.to(tl.int8), mask=valid)
+
+
+@triton.jit
+def _combine_kernel(
+    n_rows, row_req, temperature, part_m, part_s, part_arg, part_nan,
+    out_m, out_logs, out_arg, out_bad, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """Merge the vocabulary splits of ``_stats_kernel`` (in split order: lowest id wins ties)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    valid = rows < n_rows
+    req = tl.load(row_req + rows, mask=valid, other=0)
+    scale = _inv_temperature(tl.load(temperature + req, mask=valid, other=1.0)) * _LOG2E
+    m = tl.full([BLOCK_R], _LOWEST, tl.float32)
+    s = tl.zeros([BLOCK_R], tl.float32)
+    arg = tl.zeros([BLOCK_R], tl.int32)
+    nan = tl.zeros([BLOCK_R], tl.int32)
+    for k in tl.static_range(NSPLIT):
+        part = rows * NSPLIT + k
+        mk = tl.load(part_m + part, mask=valid, other=_LOWEST)
+        sk = tl.load(part_s + part, mask=valid, other=0.0)
+        arg = tl.where((mk > m) & (sk > 0), tl.load(part_arg + part, mask=valid, other=0), arg)
+        nan = tl.maximum(nan, tl.load(part_nan + part, mask=valid, other=0))
+        new_m = tl.maximum(m, mk)
+        s = s * tl.exp2((m - new_m) * scale) + sk * tl.exp2((mk - new_m) * scale)
+        m = new_m
+    _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad)
+
+
+@triton.jit
+def _row_point(s_arg, s_bad, row, greedy, mask):
+    """Whether a row is a point mass (greedy or degenerate) and on which token."""
+    bad = tl.load(s_bad + row, mask=mask, other=0) != 0
+    return greedy | bad, tl.load(s_arg + row, mask=mask, other=0).to(tl.int64)
+
+
+@triton.jit
+def _logprob(logits, stride, width, s_m, s_logs, s_arg, s_bad, row, x, inv_t, greedy, mask):
+    """log p(x) of one row per lane; ids outside the row's vocabulary have probability 0."""
+    point, pt = _row_point(s_arg, s_bad, row, greedy, mask)
+    inside = mask & (x >= 0) & (x < width)
+    a = tl.load(logits + row.to(tl.int64) * stride + x, mask=inside, other=float("-inf")).to(tl.float32)
+    m = tl.load(s_m + row, mask=mask, other=0.0)
+    logs = tl.load(s_logs + row, mask=mask, other=0.0)
+    lp = tl.where(inside, (a - m) * inv_t - logs, float("-inf"))
+    return tl.where(point, tl.where(x == pt, 0.0, float("-inf")), lp)
+
+
+# --- jobs: draws and residual masses over one row ---------------------------------------------
+@triton.jit
+def _load_job(job_trow, job_req, job_rho, jobs, mask, drafts, d_bad, HAS_DRAFT: tl.constexpr):
+    """A job draws from (or sums) one target row: rho < 0 is the target row itself, rho >= 0
+    the residual max(rho * target - draft, 0) against the draft at the same position (the
+    draft row when given and not degenerate, else the one-hot of ``excl``)."""
+    trow = tl.load(job_trow + jobs, mask=mask, other=-1)
+    active = mask & (trow >= 0)
+    req = tl.load(job_req + jobs, mask=active, other=0)
+    rho = tl.load(job_rho + jobs, mask=active, other=-1.0)
+    resid = active & (rho >= 0)
+    drow = trow - req  # draft row of target row ``row_start + k`` is ``cu[req] + k``
+    if HAS_DRAFT:
+        dbad = tl.load(d_bad + drow, mask=resid, other=0) != 0
+        use_draft = resid & ~dbad
+        excl = tl.where(resid & dbad, 0, -1).to(tl.int64)[:, None]  # degenerate draft: one-hot on 0
+    else:
+        use_draft = resid & False
+        # loaded as a column: Triton 3.6 miscompiles this load when it is expanded later
+        excl = tl.load(drafts + drow[:, None], mask=resid[:, None], other=-1)
+    return trow, req, rho, active, resid, drow, use_draft, excl
+
+
+@triton.jit
+def _tile_weights(
+    t_logits, t_stride, d_logits, d_stride, d_width, trow, drow, m, logs2, dm, dlogs2, scale,
+    rho, active, resid, use_draft, excl, cols, in_range, HAS_DRAFT: tl.constexpr,
+):  # fmt: skip
+    """Target probabilities ``t`` and job weights ``w`` of a [rows, cols] tile (0 off-row).
+    ``scale`` is log2(e) / T and ``logs2`` the row's log2 normalizer: p = 2**((a - m) scale - logs2)."""
+    a = tl.load(t_logits + trow.to(tl.int64) * t_stride + cols, mask=active & in_range, other=float("-inf"))
+    t = tl.exp2((a.to(tl.float32) - m) * scale - logs2)
+    q = tl.zeros_like(t)
+    if HAS_DRAFT:
+        dmask = use_draft & in_range & (cols < d_width)
+        b = tl.load(d_logits + drow.to(tl.int64) * d_stride + cols, mask=dmask, other=float("-inf"))
+        q = tl.exp2((b.to(tl.float32) - dm) * scale - dlogs2)
+    w = tl.where(resid, tl.maximum(rho * t - q, 0.0), t)
+    return tl.where(resid & (cols == excl), 0.0, w), t
+
+
+@triton.jit
+def _job_rows(
+    job_trow, job_req, job_rho, n_jobs, temperature, drafts,
+    t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """Per-lane inputs of ``BLOCK_R`` jobs, as [BLOCK_R, 1] columns."""
+    jobs = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    trow, req, rho, active, resid, drow, use_draft, excl = _load_job(
+        job_trow, job_req, job_rho, jobs, jobs < n_jobs, drafts, d_bad, HAS_DRAFT
+    )
+    scale = _inv_temperature(tl.load(temperature + req, mask=active, other=1.0)) * _LOG2E
+    m = tl.load(t_m + trow, mask=active, other=0.0)
+    logs2 = tl.load(t_logs + trow, mask=active, other=0.0) * _LOG2E
+    dm = tl.load(d_m + drow, mask=use_draft, other=0.0)
+    dlogs2 = tl.load(d_logs + drow, mask=use_draft, other=0.0) * _LOG2E
+    return (
+        jobs, req, active, trow, trow[:, None], drow[:, None], m[:, None], logs2[:, None], dm[:, None], dlogs2[:, None],
+        scale[:, None], rho[:, None], active[:, None], resid[:, None], use_draft[:, None], excl,
+    )  # fmt: skip
+
+
+@triton.jit
+def _mass_kernel(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_logs, d_m, d_logs, d_bad,
+    job_trow, job_req, job_rho, n_jobs, temperature, drafts, out_w, out_t, split_len,
+    HAS_DRAFT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Sums of each job's weights and of its target row over one vocabulary split: the block
+    residual masses, and the split masses that a draw picks its split from."""
+    jobs, req, act, trow1, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid, use_draft, excl = _job_rows(
+        job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R
+    )
+    split = tl.program_id(1)
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, V)
+    acc_w = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)  # per lane: a few dozen terms at most
+    acc_t = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+    for start in range(lo, hi, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)[None, :]
+        w, t = _tile_weights(
+            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
+            rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT,
+        )  # fmt: skip
+        acc_w += w
+        acc_t += t
+    part = jobs * NSPLIT + split
+    tl.store(out_w + part, tl.sum(acc_w.to(tl.float64), axis=1), mask=jobs < n_jobs)
+    tl.store(out_t + part, tl.sum(acc_t.to(tl.float64), axis=1), mask=jobs < n_jobs)
+
+
+@triton.jit
+def _pick_kernel(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_logs, d_m, d_logs, d_bad,
+    job_trow, job_req, job_rho, n_jobs, temperature, seeds, positions, drafts,
+    mass_w, mass_t, u_given, out, emitted, K, split_len,
+    STREAM: tl.constexpr, FINAL: tl.constexpr, GIVEN_U: tl.constexpr, HAS_DRAFT: tl.constexpr,
+    NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Inverse CDF in two steps: the split whose running mass passes ``u * total``, then,
+    inside it, the first id whose fp64 running sum passes the same fraction of the split's
+    own fp64 sum (so the split masses need no more than fp32 accuracy: an error there moves
+    mass between whole splits, never off a far-tail token). An empty residual draws from
+    the target row. ``FINAL``: write in the request's last slot, else ``out[job]``."""
+    jobs, req, act, trow1, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid, use_draft, excl = _job_rows(
+        job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R
+    )
+    total_w = tl.zeros([BLOCK_R], tl.float64)
+    total_t = tl.zeros([BLOCK_R], tl.float64)
+    for k in tl.static_range(NSPLIT):
+        total_w += tl.load(mass_w + jobs * NSPLIT + k, mask=act, other=0.0)
+        total_t += tl.load(mass_t + jobs * NSPLIT + k, mask=act, other=0.0)
+    use_w = total_w > 0  # else the residual is empty: fall back to the target row
+    if GIVEN_U:
+        u = tl.load(u_given + jobs, mask=act, other=0.5)
+    else:
+        seed = tl.load(seeds + req, mask=act, other=0)
+        u = _uniform(seed, tl.load(positions + trow1, mask=act, other=0), STREAM)
+    threshold = u * tl.where(use_w, total_w, total_t)
+    below = tl.zeros([BLOCK_R], tl.float64)
+    chosen = tl.full([BLOCK_R], -1, tl.int32)
+    last_split = tl.zeros([BLOCK_R], tl.int32)
+    frac = tl.zeros([BLOCK_R], tl.float64)
+    for k in tl.static_range(NSPLIT):
+        mass_k = tl.load(mass_w + jobs * NSPLIT + k, mask=act, other=0.0)
+        mass = tl.where(use_w, mass_k, tl.load(mass_t + jobs * NSPLIT + k, mask=act, other=0.0))
+        take = (chosen < 0) & (mass > 0) & (below + mass > threshold)
+        frac = tl.where(take, (threshold - below) / tl.where(mass > 0, mass, 1.0), frac)
+        chosen = tl.where(take, k, chosen)
+        last_split = tl.where(mass > 0, k, last_split)
+        below += mass
+    frac = tl.minimum(tl.where(chosen < 0, 1.0, frac), 1.0)  # rounding past the total: the end
+    lo = (tl.where(chosen < 0, last_split, chosen) * split_len)[:, None]
+    hi = tl.minimum(lo + split_len, V)
+    weigh = resid & use_w[:, None]
+    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float64)
+    for start in range(0, split_len, BLOCK_V):
+        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
+        w, _ = _tile_weights(
+            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
+            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT,
+        )  # fmt: skip
+        acc += w.to(tl.float64)
+    left = (frac * tl.sum(acc, axis=1))[:, None]
+    running = tl.zeros([BLOCK_R, 1], tl.float64)
+    token = tl.full([BLOCK_R], _NO_ID, tl.int32)
+    last = tl.full([BLOCK_R], -1, tl.int32)
+    for start in range(0, split_len, BLOCK_V):
+        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
+        w, _ = _tile_weights(
+            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
+            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT,
+        )  # fmt: skip
+        csum = tl.cumsum(w.to(tl.float64), axis=1) + running
+        passed = (csum > left) & (w > 0)
+        token = tl.minimum(token, tl.min(tl.where(passed, cols, _NO_ID), axis=1))
+        last = tl.maximum(last, tl.max(tl.where(w > 0, cols, -1), axis=1))
+        running = tl.max(csum, axis=1)[:, None]
+    token = tl.where(token == _NO_ID, last, token).to(tl.int64)  # rounding at the split's end
+    if FINAL:
+        dest = out + jobs * (K + 1) + tl.load(emitted + jobs, mask=act, other=1) - 1
+    else:
+        dest = out + jobs
+    tl.store(dest, token, mask=act)
+
+
+# --- verification -----------------------------------------------------------------------------
+@triton.jit
+def _chain_kernel(
+    t_logits, t_stride, V, d_logits, d_stride, Vd,
+    t_m, t_logs, t_arg, t_bad, d_m, d_logs, d_arg, d_bad,
+    cu, temperature, seeds, positions, methods, drafts, rates, K, B,
+    strict_y, tokens, emitted, fin_trow, fin_rho, rho_buf, mass_trow, mass_rho,
+    HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """One lane per request, a loop over draft steps.
+
+    Chain requests stop at their first rejection (or placeholder, or last draft); block
+    requests only accumulate ``rho_i = min(rho_{i-1} * target(x)/draft(x), 1)`` here and
+    flag their inner rows for ``_mass_kernel``.
+    """
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    valid = r < B
+    start = tl.load(cu + r, mask=valid, other=0)
+    cnt = tl.load(cu + r + 1, mask=valid, other=0) - start
+    row0 = start + r  # first target row of the request
+    temp = tl.load(temperature + r, mask=valid, other=1.0)
+    greedy = temp == 0
+    inv_t = _inv_temperature(temp)
+    seed = tl.load(seeds + r, mask=valid, other=0)
+    method = tl.load(methods + r, mask=valid, other=0).to(tl.int32)
+    block = method == _BLOCK
+    chain = valid & ~block
+    live = chain  # chain lanes still verifying
+    n = tl.zeros([BLOCK_R], tl.int64)  # drafts accepted
+    rejected = valid & False
+    strict_token = tl.zeros([BLOCK_R], tl.int64)
+    blive = valid & block
+    rho = tl.full([BLOCK_R], 1.0, tl.float32)
+    width = K + 1
+    for k in range(0, K):
+        x = tl.load(drafts + start + k, mask=valid & (k < cnt), other=-1)  # -1: placeholder or none
+        act = live & (x >= 0)
+        bact = blive & (x >= 0)
+        row = row0 + k
+        both = act | bact
+        lt = _logprob(t_logits, t_stride, V, t_m, t_logs, t_arg, t_bad, row, x, inv_t, greedy, both)
+        lq = tl.zeros([BLOCK_R], tl.float32)
+        if HAS_DRAFT:
+            lq = _logprob(d_logits, d_stride, Vd, d_m, d_logs, d_arg, d_bad, start + k, x, inv_t, greedy, both)
+        pos = tl.load(positions + row, mask=both, other=0)
+        u = _uniform(seed, pos, _ACCEPT)
+        # standard: min(1, t/q), t/0 = inf for t > 0, 0/0 = 0; no draft row: q(x) = 1
+        ok = u < tl.where(lt == float("-inf"), 0.0, tl.exp(tl.minimum(lt - lq, 0.0))).to(tl.float64)
+        if HAS_STRICT:
+            point, pt = _row_point(t_arg, t_bad, row, greedy, act)
+            is_strict = method == _STRICT
+            y = tl.where(point, pt, tl.load(strict_y + row, mask=act & is_strict & ~point, other=-1))
+            ok = tl.where(is_strict, y == x, ok)
+            strict_token = tl.where(act & is_strict, y, strict_token)
+        if HAS_SYNTH:
+            rate = tl.load(rates + r * K + k, mask=act & (method == _SYNTHETIC), other=0.0)
+            ok = tl.where(method == _SYNTHETIC, u < rate, ok)
+        tl.store(tokens + r * width + k, x, mask=act & ok)
+        n = tl.where(act & ok, k + 1, n)
+        rejected = rejected | (act & ~ok)
+        live = act & ok
+        if HAS_BLOCK:
+            point, _ = _row_point(t_arg, t_bad, row, greedy, bact)
+            inner = bact & (k > 0) & ~point  # draft k exists, so row k is not the last
+            tl.store(mass_trow + row, row, mask=inner)
+            tl.store(mass_rho + row, rho, mask=inner)
+            ratio = tl.where(lt == float("-inf"), 0.0, tl.exp(lt - lq))
+            rho = tl.where(bact, tl.where(rho == 0, 0.0, tl.minimum(rho * ratio, 1.0)), rho)
+            tl.store(rho_buf + r * width + k + 1, rho, mask=bact)
+            blive = bact
+    final = row0 + n
+    point, pt = _row_point(t_arg, t_bad, final, greedy, chain)
+    known = point
+    token = pt
+    if HAS_STRICT:
+        strict_rejection = rejected & (method == _STRICT)
+        known = known | strict_rejection
+        token = tl.where(strict_rejection, strict_token, pt)
+    tl.store(tokens + r * width + n, token, mask=chain & known)
+    tl.store(emitted + r, n + 1, mask=chain)
+    tl.store(fin_trow + r, tl.where(known, -1, final), mask=chain)
+    tl.store(fin_rho + r, tl.where(rejected, 1.0, -1.0), mask=chain)
+
+
+@triton.jit
+def _block_kernel(
+    d_logits, d_stride, Vd, t_arg, t_bad, d_m, d_logs, d_arg, d_bad,
+    cu, temperature, seeds, positions, methods, drafts, K, B,
+    mass_part, rho_buf, tokens, emitted, fin_trow, fin_rho,
+    HAS_DRAFT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """Block verification's stop: the last i with eta_i <= h_i, where
+    h_i = R_i / (R_i + 1 - rho_i) (0/0 = 1) for inner i and h_d = rho_d (Sun et al. 2024)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    valid = r < B
+    method = tl.load(methods + r, mask=valid, other=0).to(tl.int32)
+    blk = valid & (method == _BLOCK)
+    start = tl.load(cu + r, mask=blk, other=0)
+    cnt = tl.load(cu + r + 1, mask=blk, other=0) - start
+    row0 = start + r
+    temp = tl.load(temperature + r, mask=blk, other=1.0)
+    greedy = temp == 0
+    inv_t = _inv_temperature(temp)
+    seed = tl.load(seeds + r, mask=blk, other=0)
+    width = K + 1
+    n_eff = tl.zeros([BLOCK_R], tl.int64)  # drafts before the first placeholder
+    alive = blk
+    for k in range(0, K):
+        alive = alive & (tl.load(drafts + start + k, mask=alive & (k < cnt), other=-1) >= 0)
+        n_eff += alive.to(tl.int64)
+    stop = tl.zeros([BLOCK_R], tl.int64)
+    for i in range(1, K + 1):
+        live = blk & (i <= n_eff)
+        inner = live & (i < n_eff)
+        rho = tl.load(rho_buf + r * width + i, mask=live, other=1.0)
+        row = row0 + i
+        point, pt = _row_point(t_arg, t_bad, row, greedy, inner)
+        # A point-mass target row (T = 0 or degenerate): R = max(rho - draft(pt), 0).
+        if HAS_DRAFT:
+            q_pt = tl.exp(_logprob(d_logits, d_stride, Vd, d_m, d_logs, d_arg, d_bad, start + i, pt, inv_t, greedy, inner & point))
+        else:
+            q_pt = (tl.load(drafts + start + i, mask=inner & point, other=-1) == pt).to(tl.float32)
+        mass = tl.where(point, tl.maximum(rho - q_pt, 0.0), 0.0).to(tl.float64)
+        for sp in tl.static_range(NSPLIT):
+            mass += tl.load(mass_part + row * NSPLIT + sp, mask=inner & ~point, other=0.0)
+        denom = mass + 1.0 - rho
+        h = tl.where(inner, tl.where(denom > 0, mass / tl.where(denom > 0, denom, 1.0), 1.0), rho)
+        eta = _uniform(seed, tl.load(positions + row - 1, mask=live, other=0), _BLOCK_STREAM)
+        stop = tl.where(live & (eta <= h), i, stop)
+    for j in range(0, K):
+        x = tl.load(drafts + start + j, mask=blk & (j < stop), other=-1)
+        tl.store(tokens + r * width + j, x, mask=blk & (j < stop))
+    final = row0 + stop
+    point, pt = _row_point(t_arg, t_bad, final, greedy, blk)
+    rho_stop = tl.load(rho_buf + r * width + stop, mask=blk, other=1.0)
+    tl.store(tokens + r * width + stop, pt, mask=blk & point)
+    tl.store(emitted + r, stop + 1, mask=blk)
+    tl.store(fin_trow + r, tl.where(point, -1, final), mask=blk)
+    tl.store(fin_rho + r, tl.where(stop == n_eff, -1.0, rho_stop), mask=blk)
+
+
+@triton.jit
+def _owners_kernel(cu, t_req, d_req, K, B, BLOCK_R: tl.constexpr):
+    """The request of every target row (``cu[r] + r + k``, k <= d_r) and draft row (``cu[r] + k``)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    valid = r < B
+    start = tl.load(cu + r, mask=valid, other=0)
+    count = tl.load(cu + r + 1, mask=valid, other=0) - start
+    for k in range(0, K + 1):
+        tl.store(t_req + start + r + k, r.to(tl.int64), mask=valid & (k <= count))
+        tl.store(d_req + start + k, r.to(tl.int64), mask=valid & (k < count))
+
+
+# --- host side ----------------------------------------------------------------------------------
+def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_V, BLOCK_R, NSPLIT, split_len) from the vocabulary alone, so that a request's
+    reductions (hence its output) never depend on its batch mates. GPU: 2048-wide tiles, one
+    split per 8192 ids up to 16 (H200, V = 131072: the draw scans one split). The interpreter pays per
+    operation, so CPU tiles are large and unsplit. ``block_v`` / ``splits`` override (tests)."""
+    budget = 2048 if cuda else 1 << 18  # elements per tile
+    block_v = block_v or min(triton.next_power_of_2(vocab), 2048 if cuda else 1 << 16)
+    block_r = max(1, budget // block_v)
+    nsplit = splits or (max(1, min(16, vocab // 8192)) if cuda else 1)
+    split_len = triton.cdiv(triton.cdiv(vocab, nsplit), block_v) * block_v
+    return block_v, block_r, triton.cdiv(vocab, split_len), split_len
+
+
+class _Stats:
+    """Final per-row statistics: max logit, log of the sum of exp((a - max) / T), argmax, degenerate flag."""
+
+    def __init__(self, logits, row_req, temperature, cuda: bool, tiles: tuple = (None, None)):
+        rows, width = logits.shape
+        dev = logits.device
+        self.m = torch.empty(rows, dtype=torch.float32, device=dev)
+        self.logs = torch.empty(rows, dtype=torch.float32, device=dev)
+        self.arg = torch.empty(rows, dtype=torch.int32, device=dev)
+        self.bad = torch.empty(rows, dtype=torch.int8, device=dev)
+        if rows == 0:
+            return
+        block_v, block_r, nsplit, split_len = _tiles(width, cuda, *tiles)
+        grid = (triton.cdiv(rows, block_r), nsplit)
+        warps = 4
+        if nsplit == 1:
+            outs = (self.m, self.logs, self.arg, self.bad)
+        else:
+            outs = tuple(torch.empty(rows * nsplit, dtype=d, device=dev) for d in (torch.float32, torch.float32, torch.int32, torch.int32))
+        _stats_kernel[grid](
+            logits, logits.stride(0), width, rows, row_req, temperature, *outs, split_len, nsplit, block_r, block_v, num_warps=warps
+        )
+        if nsplit > 1:
+            rb = 32 if cuda else 4096
+            _combine_kernel[(triton.cdiv(rows, rb),)](rows, row_req, temperature, *outs, self.m, self.logs, self.arg, self.bad, nsplit, rb)
+
+
+class _Context:
+    """What every job kernel of one batch shares: logits, row statistics, tiles."""
+
+    def __init__(self, target_logits, draft_logits, t_stats, d_stats, temperature, seeds, positions, drafts, tiles, cuda):
+        self.has_draft = draft_logits is not None
+        d_logits = draft_logits if self.has_draft else target_logits
+        self.vocab = target_logits.shape[1]
+        self.common = (
+            target_logits, target_logits.stride(0), self.vocab, d_logits, d_logits.stride(0), d_logits.shape[1],
+            t_stats.m, t_stats.logs, d_stats.m, d_stats.logs, d_stats.bad,
+        )  # fmt: skip
+        self.temperature, self.seeds, self.positions, self.drafts = temperature, seeds, positions, drafts
+        self.block_v, self.block_r, self.nsplit, self.split_len = _tiles(self.vocab, cuda, *tiles)
+        self.warps = 4
+        self.dev = target_logits.device
+
+    def masses(self, job_trow, job_req, job_rho):
+        """fp64 [jobs * NSPLIT] sums of the jobs' weights and of their target rows."""
+        n = job_trow.numel()
+        mass_w = torch.empty(n * self.nsplit, dtype=torch.float64, device=self.dev)
+        mass_t = torch.empty_like(mass_w)
+        _mass_kernel[(triton.cdiv(n, self.block_r), self.nsplit)](
+            *self.common, job_trow, job_req, job_rho, n, self.temperature, self.drafts, mass_w, mass_t, self.split_len,
+            self.has_draft, self.nsplit, self.block_r, self.block_v, num_warps=self.warps,
+        )  # fmt: skip
+        return mass_w, mass_t
+
+    def draw(self, job_trow, job_req, job_rho, stream: int, out, emitted=None, k: int = 0, u=None):
+        """One token per active job (trow >= 0) into ``out[job]``, or into each request's
+        last slot of ``out`` [B, k+1] when ``emitted`` is given."""
+        mass_w, mass_t = self.masses(job_trow, job_req, job_rho)
+        n = job_trow.numel()
+        _pick_kernel[(triton.cdiv(n, self.block_r),)](
+            *self.common, job_trow, job_req, job_rho, n, self.temperature, self.seeds, self.positions, self.drafts,
+            mass_w, mass_t, mass_w if u is None else u, out, out if emitted is None else emitted, k, self.split_len,
+            stream, emitted is not None, u is not None, self.has_draft, self.nsplit, self.block_r, self.block_v,
+            num_warps=self.warps,
+        )  # fmt: skip
+
+
+def verify(
+    target_logits, draft_logits, draft_tokens, cu_num_drafts, temperature, seeds, positions, methods,
+    synthetic_rates, max_drafts: int, *, has_strict: bool = True, has_block: bool = True, has_synthetic: bool = True,
+    block_v: int | None = None, splits: int | None = None,
+):  # fmt: skip
+    """Device-side verification of one batch of torch tensors (``VerifyBatch`` layout).
+
+    The ``has_*`` flags only skip work (a method absent from the batch); leaving them True
+    is always correct. Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)``; slots
+    past ``num_emitted`` hold -1.
+    """
+    dev = target_logits.device
+    cuda = dev.type == "cuda"
+    b = cu_num_drafts.numel() - 1
+    k = int(max_drafts)
+    tokens = torch.full((b, k + 1), -1, dtype=torch.int64, device=dev)
+    emitted = torch.zeros(b, dtype=torch.int64, device=dev)
+    if b == 0:
+        return tokens, emitted
+    n_target = target_logits.shape[0]
+    has_draft = draft_logits is not None
+    has_synthetic = has_synthetic and synthetic_rates is not None
+    temperature = temperature.to(torch.float64)
+    t_req = torch.empty(n_target, dtype=torch.int64, device=dev)
+    d_req = torch.empty(draft_tokens.numel(), dtype=torch.int64, device=dev)
+    req_block = 64 if cuda else 4096
+    grid_req = (triton.cdiv(b, req_block),)
+    _owners_kernel[grid_req](cu_num_drafts, t_req, d_req, k, b, req_block)
+    t_stats = _Stats(target_logits, t_req, temperature, cuda, (block_v, splits))
+    d_stats = _Stats(draft_logits, d_req, temperature, cuda, (block_v, splits)) if has_draft else t_stats
+    ctx = _Context(target_logits, draft_logits, t_stats, d_stats, temperature, seeds, positions, draft_tokens, (block_v, splits), cuda)
+    d_logits = draft_logits if has_draft else target_logits
+
+    # The strict target sample y of every row of a strict request (point rows need none).
+    strict_y = tokens
+    if has_strict:
+        strict_rows = (methods[t_req] == int(Method.STRICT)) & (temperature[t_req] > 0)
+        strict_y = torch.empty(n_target, dtype=torch.int64, device=dev)
+        job_trow = torch.where(strict_rows, torch.arange(n_target, device=dev), -1)
+        ctx.draw(job_trow, t_req, torch.full((n_target,), -1.0, device=dev), int(Stream.TARGET), strict_y)
+
+    fin_trow = torch.empty(b, dtype=torch.int64, device=dev)
+    fin_rho = torch.empty(b, dtype=torch.float32, device=dev)
+    rho_buf = torch.ones((b, k + 1), dtype=torch.float32, device=dev) if has_block else fin_rho
+    mass_trow = torch.full((n_target,), -1, dtype=torch.int64, device=dev) if has_block else fin_trow
+    mass_rho = torch.zeros(n_target, dtype=torch.float32, device=dev) if has_block else fin_rho
+    _chain_kernel[grid_req](
+        target_logits, target_logits.stride(0), ctx.vocab, d_logits, d_logits.stride(0), d_logits.shape[1],
+        t_stats.m, t_stats.logs, t_stats.arg, t_stats.bad, d_stats.m, d_stats.logs, d_stats.arg, d_stats.bad,
+        cu_num_drafts, temperature, seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
+        strict_y, tokens, emitted, fin_trow, fin_rho, rho_buf, mass_trow, mass_rho,
+        has_draft, has_strict, has_synthetic, has_block, req_block,
+    )  # fmt: skip
+    if has_block:
+        mass, _ = ctx.masses(mass_trow, t_req, mass_rho)
+        _block_kernel[grid_req](
+            d_logits, d_logits.stride(0), d_logits.shape[1], t_stats.arg, t_stats.bad, d_stats.m, d_stats.logs, d_stats.arg, d_stats.bad,
+            cu_num_drafts, temperature, seeds, positions, methods, draft_tokens, k, b,
+            mass, rho_buf, tokens, emitted, fin_trow, fin_rho, has_draft, ctx.nsplit, req_block,
+        )  # fmt: skip
+    ctx.draw(fin_trow, torch.arange(b, device=dev), fin_rho, int(Stream.RESIDUAL), tokens, emitted, k)
+    return tokens, emitted
+
+
+def sample_rows(logits, temperature, uniforms=None, seeds=None, positions=None, block_v: int | None = None, splits: int | None = None):
+    """One token per row of ``logits`` [n, V] from softmax(logits / T) (T > 0) by the same
+    statistics and inverse-CDF kernels as ``verify``; ``uniforms`` [n] float64 in (0, 1)
+    replace the Philox draw (exact tests of the draw's resolution)."""
+    n = logits.shape[0]
+    dev = logits.device
+    cuda = dev.type == "cuda"
+    rows = torch.arange(n, device=dev)
+    temperature = temperature.to(torch.float64)
+    stats_ = _Stats(logits, rows, temperature, cuda, (block_v, splits))
+    seeds = rows if seeds is None else seeds
+    positions = rows if positions is None else positions
+    ctx = _Context(logits, None, stats_, stats_, temperature, seeds, positions, rows, (block_v, splits), cuda)
+    out = torch.empty(n, dtype=torch.int64, device=dev)
+    ctx.draw(rows, rows, torch.full((n,), -1.0, device=dev), int(Stream.RESIDUAL), out, u=uniforms)
+    return out
+
+
+class TritonBackend:
+    """Greedy, strict, standard (with or without draft logits), block and synthetic in Triton.
+
+    ``device`` is "cpu" (Triton interpreter, TRITON_INTERPRET=1) or "cuda"; the runner sets it.
+    On CUDA, logits are cast to ``batch.logits_dtype`` (exact by the protocol: half the
+    bytes to read for bf16 / fp16 batches).
+    """
+
+    name = "triton"
+    devices = ("cpu", "cuda")
+
+    def __init__(self, device: str = "cpu", block_v: int | None = None, splits: int | None = None):
+        self.device = device
+        self.tiles = {"block_v": block_v, "splits": splits}  # None: chosen from the vocabulary
+
+    def sample(self, batch):
+        if self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError("triton backend on cpu needs TRITON_INTERPRET=1 set before triton is imported")
+        methods = np.asarray(batch.methods)
+        t = batch.to_torch(self.device)
+        dtype = getattr(torch, getattr(batch, "logits_dtype", "float32"))
+        if self.device != "cpu" and dtype != torch.float32:
+            t["target_logits"] = t["target_logits"].to(dtype)
+            t["draft_logits"] = None if t["draft_logits"] is None else t["draft_logits"].to(dtype)
+        return verify(
+            t["target_logits"], t["draft_logits"], t["draft_tokens"], t["cu_num_drafts"], t["temperature"], t["seeds"],
+            t["positions"], t["methods"], t["synthetic_rates"], batch.max_drafts,
+            has_strict=bool((methods == Method.STRICT).any()),
+            has_block=bool((methods == Method.BLOCK).any()),
+            has_synthetic=bool((methods == Method.SYNTHETIC).any()),
+            **self.tiles,
+        )  # fmt: skip

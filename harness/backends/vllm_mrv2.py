@@ -1,0 +1,345 @@
+"""vLLM Model Runner V2's rejection sampler behind the protocol (``vllm-mrv2``).
+
+Calls vLLM's own functions, found by introspection:
+
+* current API (0.2x .. 0.33.0): ``vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils.
+  rejection_sample``: standard (with draft logits or one-hot), greedy (T = 0), synthetic
+  (``synthetic_conditional_rates``) and block (``use_block_verification=True``);
+* 0.19 API: ``rejection_sampler.strict_rejection_sample`` / ``probabilistic_rejection_sample``
+  and ``synthetic_rejection_sampler_utils.synthetic_rejection_sample(base_acceptance_rate,
+  decay_factor)``; their target tokens come from vLLM's own ``gumbel_sample``, as the
+  engine's sampler would produce them.
+
+Translation of a ``VerifyBatch`` (vLLM's production layout, see the vLLM notes):
+
+* rows are flattened per request; request ``r`` owns ``cu_num_logits[r] ..`` (``d_r + 1``
+  rows); the draft verified at row ``j`` is ``draft_sampled[row + 1]``; the first entry of a
+  request (its last committed token) is set to 0;
+* request-state slots are the batch's ``request_slots`` (else a reversed permutation), with
+  unused slots poisoned with NaN, so reading ``req_idx`` where ``req_state_idx`` is meant (or
+  a wrong draft step) shows up;
+* target logits are passed temperature-processed (vLLM's sampler divides before calling);
+  draft logits go into the ``[max_num_reqs, K, V_draft]`` cache raw when the kernels divide
+  by the temperature (0.33.0, #50910), or divided when they do not (0.19 / 0.20): a one-off
+  probe call tells which;
+* vLLM leaves the outputs past ``num_sampled`` uninitialised: they are set to -1 here.
+
+What one vLLM call cannot express is reported by ``supports(batch)`` (the runner then skips
+the check): a batch mixing methods, strict verification (gone after 0.19), per-request
+synthetic rates, and a draft vocabulary narrower than the target's while the target gives
+mass to the missing ids (vLLM MRV2 then truncates the target to the draft's width, a
+documented convention; see ``reference``).
+"""
+
+import numpy as np
+
+from harness.backends import vllm_env
+from reference.methods import Method
+
+_UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
+_LEGACY = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
+_LEGACY_SYNTHETIC = "vllm.v1.worker.gpu.spec_decode.synthetic_rejection_sampler_utils"
+_GUMBEL = "vllm.v1.worker.gpu.sample.gumbel"
+_CORE_ARGS = [
+    "target_logits", "draft_logits", "draft_sampled", "cu_num_logits", "pos", "idx_mapping",
+    "expanded_idx_mapping", "expanded_local_pos", "temperature", "seed", "num_speculative_steps",
+]  # fmt: skip
+
+
+def _optional_module(name: str):
+    """The module, or None when this vLLM has no such module (other import errors raise)."""
+    try:
+        return vllm_env.import_vllm(name)
+    except ImportError as e:
+        cause = e.__cause__
+        if isinstance(cause, ModuleNotFoundError) and cause.name and name.startswith(cause.name):
+            return None
+        raise
+
+
+def _discover():
+    vllm_env.import_vllm("vllm")
+    utils = _optional_module(_UTILS)
+    if utils is not None and hasattr(utils, "rejection_sample"):
+        vllm_env.require_parameters(utils.rejection_sample, _CORE_ARGS, f"{_UTILS}.rejection_sample")
+        vllm_env.triton_ready()
+        return _CurrentApi(utils.rejection_sample)
+    legacy = _optional_module(_LEGACY)
+    if legacy is not None and hasattr(legacy, "probabilistic_rejection_sample") and hasattr(legacy, "strict_rejection_sample"):
+        synthetic = _optional_module(_LEGACY_SYNTHETIC)
+        gumbel = vllm_env.import_vllm(_GUMBEL)
+        vllm_env.require_parameters(legacy.probabilistic_rejection_sample, _CORE_ARGS, f"{_LEGACY}.probabilistic_rejection_sample")
+        vllm_env.require_parameters(gumbel.gumbel_sample, ["logits", "apply_temperature"], f"{_GUMBEL}.gumbel_sample")
+        vllm_env.triton_ready()
+        return _LegacyApi(legacy, synthetic, gumbel.gumbel_sample)
+    raise vllm_env.api_changed(
+        f"no MRV2 rejection sampler found: neither {_UTILS}.rejection_sample (0.2x-0.33) "
+        f"nor {_LEGACY}.strict_rejection_sample/probabilistic_rejection_sample (0.19)"
+    )
+
+
+def availability() -> tuple[bool, str]:
+    return vllm_env.availability(_discover)
+
+
+class VllmMrv2Backend:
+    """vLLM MRV2 rejection sampling (Triton; CPU under TRITON_INTERPRET=1, or CUDA)."""
+
+    name = "vllm-mrv2"
+    devices = ("cpu", "cuda")
+
+    def __init__(self, use_fp64: bool = False):
+        self.device = "cpu"
+        self._api = _discover()
+        self._api.use_fp64 = use_fp64
+
+    @property
+    def api(self) -> str:
+        return self._api.description
+
+    def supports(self, batch) -> str | None:
+        return self._api.supports(batch)
+
+    def sample(self, batch):
+        reason = self._api.supports(batch)
+        if reason:
+            raise ValueError(f"{self.name}: cannot verify this batch: {reason}")
+        return self._api.sample(batch, self.device)
+
+
+# --- the batch in vLLM's layout ---------------------------------------------------------------
+class _Layout:
+    """Index tensors shared by every MRV2 entry point (numpy first, then one copy each)."""
+
+    def __init__(self, batch, device: str):
+        import torch
+
+        cu = np.asarray(batch.cu_num_drafts, dtype=np.int64)
+        b = cu.size - 1
+        counts = np.diff(cu)
+        k = int(batch.max_drafts)
+        starts = cu[:-1] + np.arange(b)  # first row of each request
+        num_logits = int(cu[-1]) + b
+        owner_of_draft = np.repeat(np.arange(b), counts)
+        draft_rows = np.arange(int(cu[-1])) + owner_of_draft  # the row verifying each draft
+        owner_of_row = np.repeat(np.arange(b), counts + 1)
+        slots = getattr(batch, "request_slots", None)
+        slots = b - np.arange(b) if slots is None else np.asarray(slots, dtype=np.int64)  # default: reversed
+        num_slots = int(slots.max()) + 2  # at least one unused slot, poisoned
+        temperature = np.asarray(batch.temperature, dtype=np.float64)
+
+        draft_sampled = np.zeros(num_logits, dtype=np.int64)
+        draft_sampled[draft_rows + 1] = batch.draft_tokens
+        slot_temperature = np.full(num_slots, np.nan, dtype=np.float32)
+        slot_temperature[slots] = temperature
+        slot_seed = np.full(num_slots, -1, dtype=np.int64)
+        slot_seed[slots] = batch.seeds
+
+        def t(x):
+            return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+
+        self.device, self.num_reqs, self.num_logits, self.k, self.num_slots = device, b, num_logits, k, num_slots
+        self.slots, self.owner_of_draft, self.draft_steps = slots, owner_of_draft, draft_rows - starts[owner_of_draft]
+        self.row_temperature = temperature[owner_of_row]
+        self.cu_num_logits = t((cu + np.arange(b + 1)).astype(np.int32))
+        self.draft_sampled = t(draft_sampled)
+        self.pos = t(np.asarray(batch.positions, dtype=np.int64))
+        self.idx_mapping = t(slots.astype(np.int32))
+        self.expanded_idx_mapping = t(slots[owner_of_row].astype(np.int32))
+        self.expanded_local_pos = t((np.arange(num_logits) - starts[owner_of_row]).astype(np.int32))
+        self.temperature = t(slot_temperature)
+        self.seed = t(slot_seed)
+        self._t = t
+
+    def target_logits(self, batch, processed: bool):
+        """fp32 target rows; ``processed``: divided by the temperature as vLLM's sampler does."""
+        logits = self._t(np.asarray(batch.target_logits, dtype=np.float32))
+        if processed:
+            temp = self._t(np.where(self.row_temperature > 0, self.row_temperature, 1.0).astype(np.float32))
+            logits = logits / temp[:, None]
+        return logits
+
+    def draft_cache(self, batch, divide: bool, width: int | None = None):
+        """``[max_num_reqs, K, V]`` draft logits by (state slot, step); unused entries are NaN.
+
+        Raw logits are cached in the batch's ``logits_dtype`` (vLLM caches the draft head's
+        dtype, bf16 typically; the values are exact in it); divided ones in fp32."""
+        import torch
+
+        if batch.draft_logits is None or self.k == 0:
+            return None
+        rows = np.asarray(batch.draft_logits, dtype=np.float32)
+        if divide:
+            temp = np.asarray(batch.temperature, dtype=np.float64)[self.owner_of_draft]
+            rows = (rows / np.where(temp > 0, temp, 1.0)[:, None]).astype(np.float32)
+        width = width or rows.shape[1]
+        cache = np.full((self.num_slots, self.k, width), np.nan, dtype=np.float32)
+        cache[self.slots[self.owner_of_draft], self.draft_steps] = -np.inf  # ids the draft lacks
+        cache[self.slots[self.owner_of_draft], self.draft_steps, : rows.shape[1]] = rows
+        dtype = torch.float32 if divide else getattr(torch, getattr(batch, "logits_dtype", "float32"))
+        return self._t(cache).to(dtype)
+
+    def outputs(self, sampled, num_sampled):
+        """Slots past ``num_sampled`` are uninitialised memory in vLLM: make them -1."""
+        import torch
+
+        cols = torch.arange(sampled.shape[1], device=sampled.device)
+        return torch.where(cols[None, :] < num_sampled[:, None], sampled, -1), num_sampled
+
+
+def _single_method(batch) -> Method | None:
+    methods = np.unique(batch.methods)
+    return Method(int(methods[0])) if methods.size == 1 else None
+
+
+def _uniform_rates(batch) -> np.ndarray | None:
+    rates = np.asarray(batch.synthetic_rates, dtype=np.float64)
+    return rates[0] if np.all(rates == rates[0]) else None
+
+
+def _target_beyond_draft_vocab(batch) -> bool:
+    if batch.draft_logits is None or batch.draft_logits.shape[1] >= batch.vocab_size:
+        return False
+    return bool(np.isfinite(batch.target_logits[:, batch.draft_logits.shape[1] :]).any())
+
+
+# --- current API (0.2x .. 0.33.0) -------------------------------------------------------------
+class _CurrentApi:
+    description = f"{_UTILS}.rejection_sample"
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.params = vllm_env.parameters(fn)
+        self.use_fp64 = False
+        self._divides_draft = None  # do the kernels divide draft logits by T? (probed once)
+
+    def supports(self, batch) -> str | None:
+        method = _single_method(batch)
+        if method is None:
+            return "mixes verification methods in one batch (vLLM MRV2 verifies a batch with one method)"
+        if method is Method.STRICT:
+            return "vLLM MRV2 has no strict verification since 2026-04 (0.19 had strict_rejection_sample)"
+        if method is Method.BLOCK and "use_block_verification" not in self.params:
+            return "this vLLM's rejection_sample has no block verification (use_block_verification)"
+        if method is Method.SYNTHETIC:
+            if "synthetic_conditional_rates" not in self.params:
+                return "this vLLM's rejection_sample has no synthetic_conditional_rates"
+            if _uniform_rates(batch) is None:
+                return "per-request synthetic rates (vLLM MRV2 takes one rate vector per batch)"
+        if _target_beyond_draft_vocab(batch):
+            return "draft vocabulary narrower than the target's with target mass on the missing ids (vLLM MRV2 truncates the target)"
+        return None
+
+    def sample(self, batch, device: str):
+        import torch
+
+        lay = _Layout(batch, device)
+        method = _single_method(batch)
+        kwargs = {}
+        if method is Method.SYNTHETIC:
+            rates = _uniform_rates(batch)
+            kwargs["synthetic_conditional_rates"] = torch.tensor(rates, dtype=torch.float32, device=device)
+        if method is Method.BLOCK:
+            kwargs["use_block_verification"] = True
+        if self.use_fp64 and "use_fp64" in self.params:
+            kwargs["use_fp64"] = True
+        draft = None
+        if batch.draft_logits is not None:
+            draft = lay.draft_cache(batch, divide=not self._kernel_divides_draft(device))
+        with torch.no_grad():
+            sampled, num_sampled = self.fn(
+                lay.target_logits(batch, processed=True), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
+                lay.idx_mapping, lay.expanded_idx_mapping, lay.expanded_local_pos, lay.temperature, lay.seed, lay.k,
+                **kwargs,
+            )  # fmt: skip
+        return lay.outputs(sampled, num_sampled)
+
+    def _kernel_divides_draft(self, device: str) -> bool:
+        """Probe: a draft token with draft probability ~2e-9 after dividing its raw logits by
+        T = 0.05, but 0.27 before, against a target probability of 1e-6. Dividing kernels
+        accept it (target >= draft); the others reject it with probability 1 - 4e-6."""
+        if self._divides_draft is None:
+            import torch
+
+            def t(x, dtype):
+                return torch.tensor(x, dtype=dtype, device=device)
+
+            target = t([[0.0, float(np.log(1e-6))], [0.0, 0.0]], torch.float32)  # processed: p = (1 - 1e-6, 1e-6)
+            draft = t([[[0.0, -1.0]]], torch.float32)
+            sampled, num_sampled = self.fn(
+                target, draft, t([0, 1], torch.int64), t([0, 2], torch.int32), t([7, 8], torch.int64), t([0], torch.int32),
+                t([0, 0], torch.int32), t([0, 1], torch.int32), t([0.05], torch.float32), t([12345], torch.int64), 1,
+            )  # fmt: skip
+            self._divides_draft = int(num_sampled[0]) == 2
+        return self._divides_draft
+
+
+# --- 0.19 API ---------------------------------------------------------------------------------
+class _LegacyApi:
+    description = f"{_LEGACY}.strict/probabilistic_rejection_sample + synthetic_rejection_sample (0.19)"
+
+    def __init__(self, legacy, synthetic, gumbel_sample):
+        self.legacy, self.synthetic, self.gumbel_sample = legacy, synthetic, gumbel_sample
+        self.use_fp64 = False
+
+    def supports(self, batch) -> str | None:
+        method = _single_method(batch)
+        if method is None:
+            return "mixes verification methods in one batch (vLLM MRV2 verifies a batch with one method)"
+        if method is Method.BLOCK:
+            return "vLLM 0.19 MRV2 has no block verification"
+        sampled_rows = np.asarray(batch.temperature)[np.repeat(np.arange(batch.num_requests), batch.num_drafts)] > 0
+        has_placeholder = bool((np.asarray(batch.draft_tokens)[sampled_rows] < 0).any())
+        if method is Method.STANDARD:
+            if batch.draft_logits is None:
+                return "vLLM 0.19 probabilistic_rejection_sample needs draft logits"
+            if has_placeholder:
+                return "vLLM 0.19 probabilistic_rejection_sample indexes with a -1 placeholder draft (no placeholder handling)"
+        if method is Method.SYNTHETIC:
+            if self.synthetic is None:
+                return "this vLLM has no synthetic_rejection_sample"
+            if _geometric(batch) is None:
+                return "synthetic rates are not a0 * gamma**i for every request (vLLM 0.19 takes one base rate and decay)"
+            if (np.asarray(batch.draft_tokens) < 0).any():
+                return "vLLM 0.19 synthetic_rejection_sample can accept a -1 placeholder (no placeholder handling)"
+        return None
+
+    def sample(self, batch, device: str):
+        import torch
+
+        lay = _Layout(batch, device)
+        method = _single_method(batch)
+        with torch.no_grad():
+            if method is Method.STANDARD:
+                draft = lay.draft_cache(batch, divide=True, width=batch.vocab_size)  # 0.19 caches post-temperature logits
+                if draft is None:  # no drafts at all: the function still needs a cache
+                    draft = torch.zeros((lay.num_slots, max(lay.k, 1), batch.vocab_size), device=device)
+                sampled, num_sampled = self.legacy.probabilistic_rejection_sample(
+                    lay.target_logits(batch, processed=True), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
+                    lay.idx_mapping, lay.expanded_idx_mapping, lay.expanded_local_pos, lay.temperature, lay.seed, lay.k,
+                )  # fmt: skip
+            else:
+                # The engine's sampler draws the target tokens (temperature applied in-kernel).
+                target_sampled = self.gumbel_sample(
+                    lay.target_logits(batch, processed=False), lay.expanded_idx_mapping, lay.temperature, lay.seed, lay.pos,
+                    apply_temperature=True,
+                )  # fmt: skip
+                if method is Method.STRICT:
+                    sampled, num_sampled = self.legacy.strict_rejection_sample(target_sampled, lay.draft_sampled, lay.cu_num_logits, lay.k)
+                else:
+                    base, decay = _geometric(batch)
+                    sampled, num_sampled = self.synthetic.synthetic_rejection_sample(
+                        target_sampled, lay.draft_sampled, lay.cu_num_logits, lay.pos, lay.idx_mapping, lay.seed, base, decay, lay.k
+                    )
+        return lay.outputs(sampled, num_sampled.to(torch.int32))
+
+
+def _geometric(batch) -> tuple[float, float] | None:
+    """(a0, gamma) when every request's conditional rates are a0 * gamma**i."""
+    rates = _uniform_rates(batch)
+    if rates is None or rates.size == 0:
+        return (0.0, 1.0) if rates is not None else None
+    base = float(rates[0])
+    decay = float(rates[1] / rates[0]) if rates.size > 1 and rates[0] > 0 else 1.0
+    ok = np.allclose(base * decay ** np.arange(rates.size), rates, rtol=1e-12, atol=1e-15)
+    return (base, decay) if ok else None

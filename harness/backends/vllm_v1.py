@@ -1,0 +1,180 @@
+"""vLLM's V1 rejection sampler behind the protocol (``vllm-v1``).
+
+Calls ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the function under
+``RejectionSampler.forward``) with a hand-built ``SamplingMetadata``:
+
+* ``target_logits``: the draft rows only (no bonus rows), temperature-processed the way
+  ``apply_sampling_constraints`` leaves them (``logits / T``; greedy rows untouched);
+* ``draft_probs``: ``softmax(draft_logits / T)`` in fp32, zero-padded to the target's vocabulary
+  (V1's kernels index draft and target probabilities with one width), or None;
+* ``draft_token_ids`` with -1 placeholders, ``cu_num_draft_tokens`` (inclusive, no leading 0);
+* ``num_draft_tokens`` as a Python list of Python ints: vLLM iterates it in Python
+  (``generate_uniform_probs``), so a list from ``ndarray.tolist()`` is the cheapest correct
+  form (~0.25 s per million requests here, of which ~0.03 s is the conversion; an ndarray
+  iterates slower, a device tensor syncs per element);
+* randomness: each request with drafts gets a ``torch.Generator`` seeded with its seed, as
+  vLLM does for seeded requests (float64 acceptance uniforms, then its Exp(1) vector for
+  recovered tokens). Above ``max_generators`` requests per call the per-request streams cost
+  more than the kernels (one tiny launch each), so the batch instead uses the global
+  generator, seeded from all the batch's seeds inside ``torch.random.fork_rng``.
+
+**Bonus tokens.** V1 samples bonus tokens outside the rejection sampler (the engine's normal
+``Sampler`` on the bonus rows) and passes them in as ``bonus_token_ids``. Here the harness
+draws them itself: the argmax for greedy requests, else an inverse-CDF draw from
+``softmax(logits / T)`` in float64 with the suite's counter-based uniform keyed by (seed,
+bonus position). Checks on the bonus token therefore test that draw plus V1's bookkeeping
+(when the bonus is emitted, and where), not vLLM's normal sampler.
+
+``supports(batch)`` names what V1 cannot express: strict and block verification, batches
+mixing methods, per-request synthetic rates, and synthetic mode in versions without it.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from harness.backends import vllm_env
+from reference.methods import Method
+from reference.rng import Stream, hash64, uniforms
+
+_MODULE = "vllm.v1.sample.rejection_sampler"
+_METADATA = "vllm.v1.sample.metadata"
+_ARGS = [
+    "draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",
+    "target_logits", "bonus_token_ids", "sampling_metadata",
+]  # fmt: skip
+_READ_FIELDS = ("temperature", "all_greedy", "all_random", "generators")  # all rejection_sample reads
+
+
+def _discover():
+    vllm_env.import_vllm("vllm")
+    module = vllm_env.import_vllm(_MODULE)
+    fn = getattr(module, "rejection_sample", None)
+    if fn is None:
+        raise vllm_env.api_changed(f"{_MODULE} has no rejection_sample")
+    params = vllm_env.require_parameters(fn, _ARGS, f"{_MODULE}.rejection_sample")
+    metadata = vllm_env.import_vllm(_METADATA).SamplingMetadata
+    names = {f.name for f in dataclasses.fields(metadata)}
+    if not set(_READ_FIELDS) <= names:
+        raise vllm_env.api_changed(f"SamplingMetadata lacks {sorted(set(_READ_FIELDS) - names)}")
+    vllm_env.triton_ready()
+    return fn, params, metadata
+
+
+def availability() -> tuple[bool, str]:
+    return vllm_env.availability(_discover)
+
+
+class VllmV1Backend:
+    """vLLM V1 rejection sampling (Triton; CPU under TRITON_INTERPRET=1, or CUDA)."""
+
+    name = "vllm-v1"
+    devices = ("cpu", "cuda")
+
+    def __init__(self, max_generators: int = 4096, use_fp64_gumbel: bool = False):
+        self.device = "cpu"
+        self.max_generators = max_generators
+        self.use_fp64_gumbel = use_fp64_gumbel
+        self._fn, self._params, self._metadata_cls = _discover()
+
+    def supports(self, batch) -> str | None:
+        methods = np.unique(batch.methods)
+        if methods.size > 1:
+            return "mixes verification methods in one batch (vLLM V1 verifies a batch with one method)"
+        method = Method(int(methods[0]))
+        if method in (Method.STRICT, Method.BLOCK):
+            return f"vLLM V1 has no {method.name.lower()} verification"
+        if method is Method.SYNTHETIC:
+            if "synthetic_mode" not in self._params:
+                return "this vLLM's V1 rejection_sample has no synthetic mode"
+            rates = np.asarray(batch.synthetic_rates)
+            if not np.all(rates == rates[0]):
+                return "per-request synthetic rates (vLLM V1 takes one rate vector per batch)"
+        return None
+
+    def sample(self, batch):
+        import torch
+
+        reason = self.supports(batch)
+        if reason:
+            raise ValueError(f"{self.name}: cannot verify this batch: {reason}")
+        device = self.device
+        cu = np.asarray(batch.cu_num_drafts, dtype=np.int64)
+        b, counts = cu.size - 1, np.diff(cu)
+        width = int(batch.max_drafts) + 1
+        temperature = np.asarray(batch.temperature, dtype=np.float64)
+        bonus_rows = cu[1:] + np.arange(b)
+        draft_rows = np.delete(np.arange(int(cu[-1]) + b), bonus_rows)
+
+        def t(x):
+            return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+
+        bonus = self._bonus_tokens(batch, bonus_rows, t)
+        max_spec_len = int(counts.max(initial=0))
+        if max_spec_len == 0:  # no drafts anywhere: V1 never reaches the rejection sampler
+            tokens = torch.full((b, width), -1, dtype=torch.int64, device=device)
+            tokens[:, 0] = bonus
+            return tokens, torch.ones(b, dtype=torch.int64, device=device)
+
+        draft_temperature = np.repeat(np.where(temperature > 0, temperature, 1.0), counts)
+        target = t(np.asarray(batch.target_logits, dtype=np.float32)[draft_rows]) / t(draft_temperature.astype(np.float32))[:, None]
+        draft_probs = None
+        if batch.draft_logits is not None:
+            probs = torch.softmax(
+                t(np.asarray(batch.draft_logits, dtype=np.float32)) / t(draft_temperature.astype(np.float32))[:, None], -1
+            )
+            draft_probs = torch.zeros((probs.shape[0], batch.vocab_size), dtype=torch.float32, device=device)
+            draft_probs[:, : probs.shape[1]] = probs  # ids the draft lacks have probability 0
+        kwargs = {}
+        method = Method(int(batch.methods[0]))
+        if method is Method.SYNTHETIC:
+            kwargs = dict(synthetic_mode=True, synthetic_conditional_rates=t(np.asarray(batch.synthetic_rates[0], dtype=np.float32)))
+        if self.use_fp64_gumbel and "use_fp64_gumbel" in self._params:
+            kwargs["use_fp64_gumbel"] = True
+
+        seeded = b <= self.max_generators
+        generators = {}
+        if seeded:
+            for i in np.flatnonzero(counts > 0):  # requests without drafts consume nothing
+                generators[int(i)] = torch.Generator(device=device).manual_seed(int(batch.seeds[i]))
+        metadata = self._sampling_metadata(t(temperature.astype(np.float32)), temperature, generators)
+        cuda_devices = [] if device == "cpu" else [torch.device(device).index or torch.cuda.current_device()]
+        with torch.random.fork_rng(devices=cuda_devices), torch.no_grad():
+            if not seeded:
+                torch.manual_seed(int(np.bitwise_xor.reduce(hash64(batch.seeds, batch.positions[bonus_rows]))))
+            out = self._fn(
+                t(np.asarray(batch.draft_tokens, dtype=np.int32)), counts.tolist(), max_spec_len, t(cu[1:].astype(np.int32)),
+                draft_probs, target, bonus[:, None].contiguous(), metadata, **kwargs,
+            )  # fmt: skip
+        tokens = torch.full((b, width), -1, dtype=torch.int64, device=device)
+        tokens[:, : out.shape[1]] = out
+        return tokens, (out != -1).sum(dim=1)  # V1 pre-fills with -1 and writes a contiguous prefix
+
+    def _bonus_tokens(self, batch, bonus_rows, t):
+        """What the engine's sampler would hand V1: argmax (greedy) or a draw from softmax(logits / T)."""
+        import torch
+
+        temperature = np.asarray(batch.temperature, dtype=np.float64)
+        logits = t(np.asarray(batch.target_logits)[bonus_rows].astype(np.float64))
+        greedy = t(temperature == 0)
+        probs = torch.softmax(logits / t(np.where(temperature > 0, temperature, 1.0))[:, None], dim=-1)
+        cdf = probs.cumsum(-1)
+        u = t(uniforms(batch.seeds, np.asarray(batch.positions)[bonus_rows], Stream.RESIDUAL))
+        drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=batch.vocab_size - 1)
+        return torch.where(greedy, logits.argmax(-1), drawn)
+
+    def _sampling_metadata(self, temperature_tensor, temperature, generators):
+        """Only temperature / all_greedy / all_random / generators are read by rejection_sample;
+        the other fields get neutral values (None where vLLM's type allows nothing simpler)."""
+        values = dict(
+            temperature=temperature_tensor, all_greedy=bool(np.all(temperature == 0)), all_random=bool(np.all(temperature > 0)),
+            top_p=None, top_k=None, generators=generators, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
+            output_token_ids=[], allowed_token_ids_mask=None, bad_words_token_ids={},
+        )  # fmt: skip
+        kwargs = {}
+        for f in dataclasses.fields(self._metadata_cls):
+            if f.name in values:
+                kwargs[f.name] = values[f.name]
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                kwargs[f.name] = None  # penalties, logits processors: never read here
+        return self._metadata_cls(**kwargs)

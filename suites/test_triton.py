@@ -1,0 +1,444 @@
+"""The suite's own Triton sampler (``harness/backends/triton_sampler.py``).
+
+On a CPU-only machine the kernels run under the Triton interpreter (``conftest.py`` sets
+TRITON_INTERPRET=1 before Triton is imported). What is checked:
+
+* greedy outputs bit-identical to the reference (ties, ragged counts with 0, placeholders,
+  NaN and fully masked rows, vocabularies that are not a multiple of the tile, vocabulary
+  splits, a narrower draft vocabulary, every method at temperature 0);
+* every catalog scenario of the ``smoke`` profile through the suite's own runner, with the
+  default tiles and with tiny tiles split over programs;
+* the far tail of the inverse-CDF draw: exact slices of (0, 1) for tokens 1e-12 below the
+  head, and tail rates with calibrated binomial tests (1e-9 below the max on a GPU);
+* seeded reproducibility and independence from batch mates.
+
+GPU tests (``-m gpu``) run the ``gpu`` profile catalog and a V = 152064 batch on CUDA.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the Triton backend needs torch")
+triton = pytest.importorskip("triton", reason="the Triton backend needs triton")
+
+import triton.language as tl  # noqa: E402
+
+from harness import stats  # noqa: E402
+from harness.backends import triton_sampler as ts  # noqa: E402
+from harness.catalog import catalog  # noqa: E402
+from harness.checks import Verdict  # noqa: E402
+from harness.device import gpu_skip_reason  # noqa: E402
+from harness.profiles import get_profile  # noqa: E402
+from harness.protocol import VerifyBatch, as_numpy_outputs  # noqa: E402
+from harness.runner import planned_trials, run, sample_scenario  # noqa: E402
+from harness.scenarios import materialize, trials  # noqa: E402
+from reference.distributions import greedy_tokens  # noqa: E402
+from reference.methods import Method  # noqa: E402
+from reference.sampler import ReferenceSampler  # noqa: E402
+
+BACKEND = "harness.backends.triton_sampler:TritonBackend"
+ALPHA = 1e-6  # false-alarm rate of each statistical test in this file
+POWER = 0.99
+
+# The interpreter computes Philox's wrapping uint32 products with NumPy, which warns.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.*")
+gpu = pytest.mark.skipif(gpu_skip_reason() is not None, reason=gpu_skip_reason() or "")
+
+
+def _sample(batch, device="cpu", **tiles):
+    backend = ts.TritonBackend(device, **tiles)
+    return as_numpy_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts)
+
+
+def _assert_same(got, want, batch):
+    (tok, em), (rtok, rem) = got, want
+    bad = np.flatnonzero((tok != rtok).any(axis=1) | (em != rem))
+    if bad.size:
+        r = int(bad[0])
+        lo, hi = batch.cu_num_drafts[r], batch.cu_num_drafts[r + 1]
+        pytest.fail(
+            f"{bad.size} of {batch.num_requests} requests differ; first r={r} method={Method(batch.methods[r]).name} "
+            f"T={batch.temperature[r]} drafts={batch.draft_tokens[lo:hi].tolist()}: got {tok[r].tolist()} / {em[r]}, "
+            f"want {rtok[r].tolist()} / {rem[r]}"
+        )
+
+
+# --- batches built by hand -----------------------------------------------------------------------
+def _batch(requests, vocab, draft_vocab=None, with_draft=True):
+    """A VerifyBatch from per-request dicts: target [d+1, V], drafts [d], draft [d, Vd],
+    temperature, seed, position, method, rates [d]."""
+    k = max((len(q["drafts"]) for q in requests), default=0)
+    dv = draft_vocab or vocab
+    counts = np.array([len(q["drafts"]) for q in requests], dtype=np.int64)
+    rates = np.zeros((len(requests), k))
+    for i, q in enumerate(requests):
+        rates[i, : counts[i]] = q.get("rates", np.zeros(counts[i]))
+    positions = np.concatenate([q["position"] + np.arange(c + 1) for q, c in zip(requests, counts)])
+    return VerifyBatch(
+        target_logits=np.concatenate([q["target"] for q in requests]).astype(np.float32),
+        draft_logits=np.concatenate([q["draft"] for q in requests]).reshape(-1, dv).astype(np.float32) if with_draft else None,
+        draft_tokens=np.concatenate([q["drafts"] for q in requests]).astype(np.int64),
+        cu_num_drafts=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        temperature=np.array([q["temperature"] for q in requests], dtype=np.float64),
+        seeds=np.array([q["seed"] for q in requests], dtype=np.int64),
+        positions=positions.astype(np.int64),
+        methods=np.array([q["method"] for q in requests], dtype=np.int8),
+        synthetic_rates=rates,
+        max_drafts=k,
+    ).validate()
+
+
+def _greedy_requests(rng, vocab, n, methods, draft_vocab=None, max_drafts=5):
+    """Temperature-0 requests with ties, NaN rows, fully and partly masked rows, placeholders,
+    and drafts that are the target's argmax often enough to be accepted."""
+    out = []
+    for i in range(n):
+        d = int(rng.integers(0, max_drafts + 1))
+        target = rng.normal(0.0, 2.0, (d + 1, vocab)).astype(np.float32)
+        for row in target:
+            kind = rng.random()
+            if kind < 0.3 and vocab > 1:  # ties with the max, lowest id must win
+                row[rng.choice(vocab, size=min(3, vocab), replace=False)] = row.max() + 1.0
+            elif kind < 0.4:
+                row[rng.integers(vocab)] = np.nan
+            elif kind < 0.45:
+                row[:] = -np.inf
+            elif kind < 0.6:
+                row[rng.random(vocab) < 0.5] = -np.inf
+        top = greedy_tokens(target)
+        drafts = np.where(rng.random(d) < 0.75, top[:d], rng.integers(0, vocab, d))
+        if d and rng.random() < 0.15:
+            drafts[rng.integers(d)] = -1
+        method = methods[i % len(methods)]
+        out.append(
+            dict(
+                target=target, drafts=drafts, draft=rng.normal(0.0, 2.0, (d, draft_vocab or vocab)),
+                temperature=0.0, seed=int(rng.integers(1 << 62)), position=int(rng.integers(1 << 40)),
+                method=method, rates=rng.integers(0, 2, d).astype(np.float64),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _true_greedy(batch):
+    """Accept drafts while they equal the target's argmax, then emit the argmax."""
+    top = greedy_tokens(batch.target_logits)
+    tokens = np.full((batch.num_requests, batch.max_drafts + 1), -1, dtype=np.int64)
+    emitted = np.zeros(batch.num_requests, dtype=np.int64)
+    for r in range(batch.num_requests):
+        start, end = batch.cu_num_drafts[r], batch.cu_num_drafts[r + 1]
+        row0, n = start + r, 0
+        while start + n < end and batch.draft_tokens[start + n] == top[row0 + n]:
+            n += 1
+        tokens[r, :n] = batch.draft_tokens[start : start + n]
+        tokens[r, n] = top[row0 + n]
+        emitted[r] = n + 1
+    return tokens, emitted
+
+
+# --- the noise --------------------------------------------------------------------------------------
+@triton.jit
+def _uniform_probe(seed_ptr, pos_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    seed = tl.load(seed_ptr + i, mask=mask, other=0)
+    pos = tl.load(pos_ptr + i, mask=mask, other=0)
+    tl.store(out_ptr + i, ts._uniform(seed, pos, 1), mask=mask)
+
+
+@pytest.mark.parametrize("tiles", [{}, {"block_v": 2, "splits": 3}], ids=["one-split", "three-splits"])
+def test_draw_resolves_the_far_tail(tiles):
+    """Inverse CDF with a 52-bit uniform and fp64 sums: tokens 1e-12 and 1e-14 below the
+    head own exactly their slices of (0, 1) (an fp32 draw cannot see below 2**-24)."""
+    ratios = np.array([1.0, 1e-12, 1.0, 1e-14, 1.0])
+    edges = np.cumsum(ratios) / ratios.sum()  # the head's value cancels: exact to ~1e-19
+    slices = [(0.0, edges[0])] + list(zip(edges[:-1], edges[1:]))
+    probes, want = [], []
+    for token, (lo, hi) in enumerate(slices):
+        width = hi - lo
+        for u in (lo + 0.1 * width, lo + 0.5 * width, hi - 0.1 * width):
+            probes.append(u)
+            want.append(token)
+    probes += [2.0**-53, 1 - 2.0**-53]
+    want += [0, 4]
+    logits = torch.from_numpy(np.log(ratios).astype(np.float32)).expand(len(probes), -1).contiguous()
+    u = torch.tensor(probes, dtype=torch.float64)
+    got = ts.sample_rows(logits, torch.ones(len(probes), dtype=torch.float64), uniforms=u, **tiles)
+    assert got.tolist() == want
+
+
+def test_uniforms_are_open_interval():
+    n = 1 << 14
+    seeds = torch.arange(n, dtype=torch.int64) * 7919
+    pos = torch.arange(n, dtype=torch.int64) << 20
+    out = torch.empty(n, dtype=torch.float64)
+    _uniform_probe[(1,)](seeds, pos, out, n, BLOCK=n)
+    u = out.numpy()
+    assert u.min() > 0 and u.max() < 1
+    assert abs(u.mean() - 0.5) < 6 * math.sqrt(1 / 12 / n)
+
+
+# --- greedy: bit-identical to the reference --------------------------------------------------------
+CHAIN = (Method.STANDARD, Method.STRICT, Method.SYNTHETIC)
+
+
+@pytest.mark.parametrize(
+    "vocab,tiles",
+    [(1, {}), (2, {}), (1023, {}), (1025, {}), (1025, {"block_v": 256, "splits": 3}), (70001, {})],
+    ids=["V1", "V2", "V1023", "V1025", "V1025-split", "V70001"],
+)
+def test_greedy_matches_reference(vocab, tiles):
+    rng = np.random.default_rng(vocab)
+    n = 24 if vocab > 10000 else 60
+    batch = _batch(_greedy_requests(rng, vocab, n, CHAIN), vocab)
+    _assert_same(_sample(batch, **tiles), ReferenceSampler().sample(batch), batch)
+
+
+@pytest.mark.parametrize("with_draft", [True, False], ids=["draft-logits", "point-mass"])
+def test_greedy_without_or_narrow_draft_vocab(with_draft):
+    rng = np.random.default_rng(7)
+    vocab, draft_vocab = 1025, 700
+    batch = _batch(_greedy_requests(rng, vocab, 60, CHAIN, draft_vocab), vocab, draft_vocab, with_draft)
+    _assert_same(_sample(batch, block_v=128, splits=2), ReferenceSampler().sample(batch), batch)
+
+
+def test_greedy_block_verification():
+    """Block verification at T = 0 is greedy, with or without draft logits."""
+    rng = np.random.default_rng(11)
+    for with_draft in (False, True):
+        batch = _batch(_greedy_requests(rng, 1025, 60, (Method.BLOCK,)), 1025, with_draft=with_draft)
+        got = _sample(batch, block_v=256, splits=3)
+        _assert_same(got, _true_greedy(batch), batch)
+        _assert_same(got, ReferenceSampler().sample(batch), batch)
+
+
+def test_block_ratio_stays_zero():
+    """rho = 0 then a draft with draft probability 0: 0 * inf is 0, so block verification at
+    T = 0 stays greedy (the reference computed NaN here and accepted draft 0 until it adopted
+    the same convention, ``reference.rules.block_step``)."""
+    target = np.array([[0, 5, 0, 0], [0, 0, 5, 0], [0, 0, 0, 5], [5, 0, 0, 0]], np.float32)  # argmax 1, 2, 3, 0
+    draft = np.array([[0, 5, 0, 0], [0, 0, 0, 5], [5, 0, 0, 0]], np.float32)  # argmax 1, 3, 0
+    req = dict(target=target, draft=draft, drafts=np.array([0, 2, 3]), temperature=0.0, seed=7, position=0, method=Method.BLOCK)
+    batch = _batch([req], 4)
+    tokens, emitted = _sample(batch)
+    assert emitted.tolist() == [1] and tokens[0].tolist() == [1, -1, -1, -1]
+    _assert_same((tokens, emitted), ReferenceSampler().sample(batch), batch)
+
+
+def test_greedy_catalog_scenarios():
+    profile = get_profile("ci")
+    for scenario in catalog(profile, seed=3):
+        if scenario.method != "greedy":
+            continue
+        batch = trials(scenario, materialize(scenario), 0, 40).batch
+        _assert_same(_sample(batch), ReferenceSampler().sample(batch), batch)
+
+
+# --- the output laws through the suite's runner ---------------------------------------------------
+def test_smoke_catalog_through_runner():
+    profile = get_profile("smoke")
+    result = run([BACKEND], catalog(profile, seed=0), profile, seed=0, device="cpu")
+    bad = [f"{r.scenario}[{r.template}] {r.check}: {r.verdict} {r.message}" for r in result.records if r.verdict in ("fail", "error")]
+    assert not bad, "\n".join(bad)
+    assert result.counts()["pass"] > 100
+
+
+def test_split_tiles_catalog_laws():
+    """Tiny tiles split over several programs: the same laws (split merging, partial tiles)."""
+    profile = get_profile("smoke")
+    names = ("standard-near-target", "standard-small-draft-vocab", "standard-no-draft-probs", "standard-large-vocab",
+             "strict-fixed", "block-fixed", "block-no-draft-probs", "synthetic-rates")  # fmt: skip
+    backend = ts.TritonBackend("cpu", block_v=2, splits=3)
+    rng = np.random.default_rng(0)
+    failures = []
+    for scenario in (s for s in catalog(profile, seed=1) if s.name in names):
+        templates, planned, count = planned_trials(scenario, profile)
+        tallies = sample_scenario(backend, scenario, templates, count, profile)
+        for check in planned:
+            v: Verdict = check.evaluate(tallies[check.template], rng)
+            # Any p <= alpha is exactly when the runner's Holm step-down rejects something.
+            if v.passed is False or (v.p_value is not None and v.p_value <= profile.alpha):
+                failures.append(f"{scenario.name}[{check.template}] {check.name}: {v.message}")
+    assert not failures, "\n".join(failures)
+
+
+# --- the far tail -----------------------------------------------------------------------------------
+def _tail_batch(vocab, n, log_ratio, seed_base):
+    """n bonus-only requests over [0, log_ratio, ..., log_ratio]: token 0 against vocab - 1 tail tokens."""
+    row = np.full(vocab, log_ratio, np.float32)
+    row[0] = 0.0
+    b = n
+    return VerifyBatch(
+        np.broadcast_to(row, (b, vocab)), None, np.zeros(0, np.int64), np.zeros(b + 1, np.int64), np.ones(b),
+        seed_base + np.arange(b, dtype=np.int64) * 7919, np.arange(b, dtype=np.int64) * 13, np.zeros(b, np.int8), None, 0,
+    )  # fmt: skip
+
+
+def _tail_rate(vocab, log_ratio):
+    tail = (vocab - 1) * math.exp(float(np.float32(log_ratio)))
+    return tail / (1.0 + tail)
+
+
+def _binomial_check(hits, n, rate, max_shift):
+    p = stats.binomial_test(hits, n, rate)
+    detect = stats.binomial_detectable(ALPHA, POWER, rate, n)
+    assert detect < max_shift, f"underpowered: detects a shift of {detect:.3g} only (wanted {max_shift:.3g})"
+    assert p > ALPHA, f"tail drawn {hits}/{n} = {hits / n:.4g} vs rate {rate:.4g}: p = {p:.3g} <= alpha {ALPHA}"
+
+
+def test_tail_tokens_drawn_at_their_rate():
+    """4095 tail tokens each e^-12 (6e-6) below the head: binomial test at alpha 1e-6 that
+    detects (power 0.99) a 50% error in the tail rate. The interpreter cannot afford the
+    1e-9..1e-12 ratios (about 200 / ratio token draws): ``test_draw_resolves_the_far_tail``
+    covers those exactly, and ``test_gpu_far_tail`` statistically."""
+    vocab, n, log_ratio = 4096, 10000, -12.0
+    tokens, _ = _sample(_tail_batch(vocab, n, log_ratio, 5))
+    rate = _tail_rate(vocab, log_ratio)
+    _binomial_check(int((tokens[:, 0] != 0).sum()), n, rate, 0.5 * rate)
+
+
+# --- reproducibility --------------------------------------------------------------------------------
+def _mixed_requests(rng, vocab, n):
+    methods = [Method.STANDARD, Method.STRICT, Method.BLOCK, Method.SYNTHETIC]
+    out = []
+    for i in range(n):
+        d = int(rng.integers(0, 5))
+        target = rng.normal(0.0, 1.0, (d + 1, vocab))
+        draft = target[:d] + rng.normal(0.0, 0.5, (d, vocab))
+        drafts = rng.integers(0, vocab, d)
+        out.append(
+            dict(
+                target=target, draft=draft, drafts=drafts, temperature=float(rng.choice([0.0, 0.7, 1.0])),
+                seed=int(rng.integers(1 << 62)), position=int(rng.integers(1 << 40)), method=methods[i % 4],
+                rates=rng.random(d),
+            )
+        )  # fmt: skip
+    return out
+
+
+def test_seeded_and_independent_of_batch_mates():
+    rng = np.random.default_rng(5)
+    vocab = 300
+    reqs = _mixed_requests(rng, vocab, 24)
+    batch = _batch(reqs, vocab)
+    first = _sample(batch)
+    again = _sample(batch)
+    assert np.array_equal(first[0], again[0]) and np.array_equal(first[1], again[1])
+    # Keep every other request, reversed, among new batch mates of other methods and counts.
+    kept = list(range(0, 24, 2))[::-1]
+    mates = _mixed_requests(np.random.default_rng(6), vocab, 10)
+    mixed = [reqs[i] for i in kept[:6]] + mates + [reqs[i] for i in kept[6:]]
+    where = list(range(6)) + list(range(16, 22))
+    tokens, emitted = _sample(_batch(mixed, vocab))
+    for j, i in zip(where, kept):
+        width = len(reqs[i]["drafts"]) + 1
+        assert emitted[j] == first[1][i], f"request {i}: emitted {emitted[j]} alone, {first[1][i]} with mates"
+        assert tokens[j, :width].tolist() == first[0][i, :width].tolist(), f"request {i} changed with its batch mates"
+    # Other seeds give other outputs (the noise is really keyed by the seed).
+    reseeded = _batch([{**q, "seed": q["seed"] + 1} for q in reqs], vocab)
+    assert not np.array_equal(_sample(reseeded)[0], first[0])
+
+
+# --- GPU --------------------------------------------------------------------------------------------
+MAX_CATALOG_LOGITS = 2e10  # per scenario: the harness builds and tallies every trial on the host
+
+
+def _logit_volume(scenario, profile) -> float:
+    templates, _, count = planned_trials(scenario, profile)
+    return float(count) * sum(t.num_drafts + 1 for t in templates) * scenario.vocab_size
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_profile_catalog():
+    """The ``gpu`` profile catalog on CUDA, but for scenarios whose host-side trial generation
+    exceeds MAX_CATALOG_LOGITS (standard-large-vocab: ~8e11 logits), run by the slow test."""
+    profile = get_profile("gpu")
+    scenarios = [s for s in catalog(profile, seed=0) if _logit_volume(s, profile) <= MAX_CATALOG_LOGITS]
+    result = run([BACKEND], scenarios, profile, seed=0, device="cuda")
+    bad = [f"{r.scenario}[{r.template}] {r.check}: {r.verdict} {r.message}" for r in result.records if r.verdict in ("fail", "error")]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@gpu
+def test_gpu_profile_catalog_heavy_scenarios():
+    profile = get_profile("gpu")
+    scenarios = [s for s in catalog(profile, seed=0) if _logit_volume(s, profile) > MAX_CATALOG_LOGITS]
+    result = run([BACKEND], scenarios, profile, seed=0, device="cuda")
+    bad = [f"{r.scenario}[{r.template}] {r.check}: {r.verdict} {r.message}" for r in result.records if r.verdict in ("fail", "error")]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_large_vocab_mixed_batch():
+    """V = 152064, K = 8, ragged (0 included), placeholders, mixed greedy / standard /
+    synthetic, bf16 draft logits: in-range well-formed outputs; greedy rows bit-identical."""
+    rng = np.random.default_rng(0)
+    vocab, b, k = 152064, 48, 8
+    counts = rng.integers(0, k + 1, b)
+    counts[:3] = [0, k, 1]
+    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    d = int(cu[-1])
+    target = torch.randn(d + b, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(0)) * 3
+    target[::7, 1000:] = -math.inf  # masked rows (top-k style)
+    draft = (target[torch.from_numpy(np.arange(d) + np.repeat(np.arange(b), counts)).cuda()] + 0.5).to(torch.bfloat16)
+    target[5, 17] = math.nan  # one degenerate target row
+    tnp = target.cpu().numpy()
+    top = greedy_tokens(tnp)
+    drafts = np.zeros(d, np.int64)
+    for r in range(b):
+        for j in range(counts[r]):
+            drafts[cu[r] + j] = top[cu[r] + r + j] if rng.random() < 0.8 else rng.integers(vocab)
+    if counts[3] > 1:
+        drafts[cu[3] + 1] = -1  # a placeholder
+    methods = np.array([(Method.STANDARD, Method.STANDARD, Method.SYNTHETIC)[i % 3] for i in range(b)], dtype=np.int8)
+    temps = np.where(np.arange(b) % 2 == 0, 0.0, 1.0)
+    batch = VerifyBatch(
+        tnp, draft.float().cpu().numpy(), drafts, cu, temps, rng.integers(0, 1 << 62, b), np.arange(d + b, dtype=np.int64) * 3,
+        methods, rng.random((b, k)), k,
+    ).validate()  # fmt: skip
+    t = batch.to_torch("cuda")
+    args = [
+        t[name]
+        for name in ("target_logits", "draft_logits", "draft_tokens", "cu_num_drafts", "temperature", "seeds", "positions", "methods")
+    ]
+    args[1] = draft  # bf16, as engines keep draft logits
+    tokens, emitted = ts.verify(*args, t["synthetic_rates"], k)
+    tokens, emitted = tokens.cpu().numpy(), emitted.cpu().numpy()
+    rtok, rem = ReferenceSampler().sample(batch)
+    for r in range(b):
+        drafts_r = drafts[cu[r] : cu[r + 1]]
+        d_eff = int(np.argmax(np.append(drafts_r, -1) < 0))
+        assert 1 <= emitted[r] <= d_eff + 1
+        assert np.all((tokens[r, : emitted[r]] >= 0) & (tokens[r, : emitted[r]] < vocab))
+        assert np.all(tokens[r, emitted[r] :] == -1)
+        assert tokens[r, : emitted[r] - 1].tolist() == drafts_r[: emitted[r] - 1].tolist()
+        if temps[r] == 0 and methods[r] == Method.STANDARD:
+            assert tokens[r].tolist() == rtok[r].tolist() and emitted[r] == rem[r], f"greedy request {r} differs"
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_far_tail():
+    """262143 tail tokens each 1e-9 below the head (an fp32 draw never reaches them):
+    binomial test at alpha 1e-6 that detects (power 0.99) a 40% error in the tail rate."""
+    vocab, chunk, chunks, log_ratio = 262144, 1 << 16, 40, math.log(1e-9)
+    row = torch.full((vocab,), log_ratio, device="cuda")
+    row[0] = 0.0
+    ids = torch.arange(chunk, device="cuda", dtype=torch.int64)
+    empty = torch.zeros(0, dtype=torch.int64, device="cuda")
+    hits = 0
+    for c in range(chunks):
+        tokens, _ = ts.verify(
+            row.expand(chunk, vocab), None, empty, torch.zeros(chunk + 1, dtype=torch.int64, device="cuda"),
+            torch.ones(chunk, dtype=torch.float64, device="cuda"), c * chunk + ids + 1, ids * 13,
+            torch.zeros(chunk, dtype=torch.int8, device="cuda"), None, 0, has_strict=False, has_block=False, has_synthetic=False,
+        )  # fmt: skip
+        hits += int((tokens[:, 0] != 0).sum())
+    rate = _tail_rate(vocab, log_ratio)
+    _binomial_check(hits, chunk * chunks, rate, 0.4 * rate)
