@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--scenario", action="append", help="catalog scenario name or a scenario JSON file (repeatable; default: the whole catalog)"
     )
+    r.add_argument("--exclude", action="append", help="leave out this catalog scenario (repeatable)")
     r.add_argument("--alpha", type=float, help="override the profile's per-check false-alarm rate (fuzz reproducers use it)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument(
@@ -134,6 +135,10 @@ def _run(args) -> int:
     if args.seed < 0:
         raise UsageError("--seed: expected a non-negative integer")
     scenarios, refs = _select_scenarios(args, profile)
+    for name in args.exclude or ():
+        if name not in {s.name for s in scenarios}:
+            raise UsageError(f"--exclude: no scenario named {name!r} in this run")
+        scenarios = [s for s in scenarios if s.name != name]
     if args.vllm_src:
         from harness.backends.vllm_env import use_source_tree
 

@@ -28,7 +28,9 @@ def chromium_path() -> str | None:
 class Browser:
     def __init__(self):
         self.profile = tempfile.mkdtemp(prefix="chromium-")
-        self.proc = subprocess.Popen([chromium_path(), *FLAGS, f"--user-data-dir={self.profile}", "about:blank"], stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [chromium_path(), *FLAGS, f"--user-data-dir={self.profile}", "about:blank"], stderr=subprocess.PIPE, text=True
+        )
         port = None
         deadline = time.time() + 30
         while time.time() < deadline and port is None:
