@@ -143,6 +143,7 @@ def _run(args) -> int:
         from harness.backends.vllm_env import use_source_tree
 
         use_source_tree(args.vllm_src)
+        os.environ["SPECDEC_VLLM_SRC"] = os.path.abspath(args.vllm_src)  # recorded in the run's environment
     backends = args.backend or ["reference"]
     progress, close = _progress(len(backends) * len(scenarios), disabled=args.no_progress)
     try:

@@ -29,9 +29,13 @@ def run_target(label, source, args) -> dict:
         cmd += ["--backend", b]
     for s in args.scenario or ():
         cmd += ["--scenario", s]
+    env = dict(os.environ)
     if source != "installed":
         cmd += ["--vllm-src", source]
-    proc = subprocess.run(cmd, cwd=ROOT)
+    else:
+        env.pop("SPECDEC_VLLM_COMMIT", None)  # the commit names the source tree, not the release
+        env.pop("SPECDEC_VLLM_SRC", None)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env)
     if proc.returncode == 2:
         return {"label": label, "status": "setup-error"}
     with open(os.path.join(out, "results.json")) as f:

@@ -46,3 +46,43 @@ def test_nightly_plumbing_and_exit_codes(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary == [{"label": "main", "status": "regression", "failed": summary[0]["failed"], "api_drift": 0}]
     assert nightly(tmp_path, "--target", "nolabel").returncode == 2
+
+
+def python_only_tree(dest):
+    """A python-only vLLM tree (``.py`` files + dist-info METADATA) from the installed wheel,
+    as scripts/build_vllm_tree.py makes one from a wheel or a checkout."""
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    src = Path(spec.origin).parent
+    for path in src.rglob("*.py"):
+        target = dest / "vllm" / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    version = importlib.metadata.version("vllm")
+    meta = dest / f"vllm-{version}.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    return dest
+
+
+def test_nightly_against_a_pinned_release_and_a_source_tree(tmp_path):
+    """What the nightly workflow runs, end to end on the CPU: vLLM MRV2 from the installed
+    release and from a python-only source tree, history, drift page."""
+    from harness.backends import vllm_mrv2
+
+    ok, why = vllm_mrv2.availability()
+    if not ok:
+        pytest.skip(f"vLLM not usable here: {why}")
+    tree = python_only_tree(tmp_path / "vllm-tree")
+    proc = nightly(
+        tmp_path, "--target", "release=installed", "--target", f"main={tree}", "--backend", "vllm-mrv2", "--scenario", "greedy-ties"
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [s["status"] for s in summary] == ["pass", "pass"]
+    main_env = json.loads((tmp_path / "out" / "main" / "results.json").read_text())["environment"]
+    assert main_env["vllm_source"] == str(tree.resolve()) and main_env["vllm"]
+    assert (tmp_path / "out" / "drift.html").exists()
