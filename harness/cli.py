@@ -23,7 +23,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description="Verify speculative-decoding rejection samplers.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run every applicable check for each backend")
-    r.add_argument("--backend", action="append", help="backend name, fault:NAME or pkg.mod:Class (repeatable; default: reference)")
+    r.add_argument(
+        "--backend",
+        action="append",
+        help="backend name, fault:NAME or pkg.mod:Class; NAME@PATH binds a vLLM source tree, so versions can be compared (repeatable; default: reference)",
+    )
     r.add_argument("--profile", default="ci", help="smoke, ci, gpu or nightly (default: ci)")
     r.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device for the backends (default: cpu)")
     r.add_argument("--seed", type=int, default=0, help="run seed; the same seed gives the same counts (default: 0)")
@@ -36,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument(
         "--vllm-src", help="verify the vLLM in this python-only source tree (a folder holding vllm/; see scripts/build_vllm_tree.py)"
+    )
+    r.add_argument("--in-process", action="store_true", help="sample in this process (default: one worker process per backend)")
+    r.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="seconds a backend may spend on one scenario before its worker is killed (default: 900)",
     )
     r.add_argument("--history", help="append this run to a history file (SQLite), e.g. reports/history.sqlite")
     r.add_argument("--label", help="a label for this run in the history (e.g. 'vllm main abc123')")
@@ -147,7 +158,9 @@ def _run(args) -> int:
     backends = args.backend or ["reference"]
     progress, close = _progress(len(backends) * len(scenarios), disabled=args.no_progress)
     try:
-        result = run(backends, scenarios, profile, args.seed, args.device, progress, refs)
+        result = run(
+            backends, scenarios, profile, args.seed, args.device, progress, refs, isolate=not args.in_process, timeout=args.timeout
+        )
     finally:
         close()
     paths = write_outputs(result, args.out, argv=sys.argv)

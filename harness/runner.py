@@ -87,45 +87,93 @@ def sample_scenario(backend, scenario: Scenario, templates, count: int, profile:
     return tallies
 
 
+def split_source(name: str) -> tuple[str, str | None]:
+    """``vllm-mrv2@vendor/vllm-0.19.1`` -> (``vllm-mrv2``, ``vendor/vllm-0.19.1``): a backend
+    bound to a vLLM source tree, so two vLLM versions can be verified in one run."""
+    base, sep, src = name.partition("@")
+    return base, (src if sep else None)
+
+
+def load_for_device(name: str, device: str):
+    base, src = split_source(name)
+    if src:
+        from harness.backends.vllm_env import use_source_tree
+
+        use_source_tree(src)
+    backend = load_backend(base)
+    devices = getattr(backend, "devices", ("cpu",))
+    if device not in devices:
+        raise ValueError(f"backend {name!r} runs on {', '.join(devices)}, not {device}")
+    backend.device = device
+    return backend
+
+
+def sample_one(backend, scenario: Scenario, profile: Profile) -> tuple:
+    """("tallies", tallies, seconds) | ("unsupported", reason) | ("error", message)."""
+    try:
+        templates, _, count = planned_trials(scenario, profile)
+        t0 = time.perf_counter()
+        tallies = sample_scenario(backend, scenario, templates, count, profile)
+        return ("tallies", tallies, time.perf_counter() - t0)
+    except Unsupported as e:
+        return ("unsupported", str(e))
+    except Exception as e:
+        return ("error", "".join(traceback.format_exception_only(type(e), e)).strip())
+
+
+def _in_process(name, scenarios, profile, device, timeout):
+    try:
+        backend = load_for_device(name, device)
+    except Exception as e:  # a backend that cannot load is that backend's verdict
+        yield None, ("load-error", str(e))
+        return
+    for scenario in scenarios:
+        yield scenario, sample_one(backend, scenario, profile)
+
+
 def run(
-    backend_names, scenarios: list[Scenario], profile: Profile, seed: int = 0, device: str = "cpu", progress=None, scenario_refs=None
+    backend_names,
+    scenarios: list[Scenario],
+    profile: Profile,
+    seed: int = 0,
+    device: str = "cpu",
+    progress=None,
+    scenario_refs=None,
+    isolate: bool = False,
+    timeout: float = 900.0,
 ) -> RunResult:
     """Verify every backend on every scenario. ``scenario_refs`` maps a scenario name to how
-    the reproducer names it (a JSON file path for scenarios that are not in the catalog)."""
+    the reproducer names it (a JSON file path for scenarios that are not in the catalog).
+    ``isolate``: each backend samples in its own worker process (``harness.worker``): a
+    crash, a hang past ``timeout`` seconds per scenario or an import failure becomes that
+    backend's verdict and the run goes on."""
+    from harness.worker import sample_isolated
+
     start = time.perf_counter()
     records: list[CheckRecord] = []
     backend_seconds, trial_counts = {}, {}
     rng = np.random.default_rng(seed)
     for name in backend_names:
-        try:
-            backend = load_backend(name)
-            devices = getattr(backend, "devices", ("cpu",))
-            if device not in devices:
-                raise ValueError(f"backend {name!r} runs on {', '.join(devices)}, not {device}")
-            backend.device = device
-        except Exception as e:  # a backend that cannot load is that backend's verdict
-            records.append(_error_record(name, "-", -1, "load", str(e), ""))
-            if progress:
-                progress(len(scenarios))
-            continue
+        sampler = sample_isolated if isolate else _in_process
         elapsed = 0.0
-        for scenario in scenarios:
+        for scenario, outcome in sampler(name, scenarios, profile, device, timeout):
+            if scenario is None:  # the backend could not load: one record, the run goes on
+                records.append(_error_record(name, "-", -1, "load", outcome[1], ""))
+                if progress:
+                    progress(len(scenarios))
+                break
             repro = reproducer(name, profile, seed, (scenario_refs or {}).get(scenario.name, scenario.name), device)
-            try:
-                templates, planned, count = planned_trials(scenario, profile)
-                t0 = time.perf_counter()
-                tallies = sample_scenario(backend, scenario, templates, count, profile)
-                elapsed += time.perf_counter() - t0
+            _, planned, count = planned_trials(scenario, profile)
+            if outcome[0] == "tallies":
+                elapsed += outcome[2]
                 trial_counts[(name, scenario.name)] = count
                 for check in planned:
-                    verdict = check.evaluate(tallies[check.template], rng)
-                    records.append(_record(name, scenario, check, verdict, repro))
-            except Unsupported as e:
+                    records.append(_record(name, scenario, check, check.evaluate(outcome[1][check.template], rng), repro))
+            elif outcome[0] == "unsupported":
                 for check in planned:
-                    records.append(_skipped_record(name, scenario, check, f"backend does not support this scenario: {e}", repro))
-            except Exception as e:
-                detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-                records.append(_error_record(name, scenario.name, -1, "sample", detail, repro))
+                    records.append(_skipped_record(name, scenario, check, f"backend does not support this scenario: {outcome[1]}", repro))
+            else:
+                records.append(_error_record(name, scenario.name, -1, "sample", outcome[1], repro))
             if progress:
                 progress(1)
         backend_seconds[name] = elapsed

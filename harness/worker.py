@@ -1,0 +1,80 @@
+"""Backend isolation: one worker process per backend, only counts come back.
+
+The worker (a fresh ``spawn`` process) binds its own vLLM source tree if the backend name
+asks for one (``vllm-mrv2@PATH``), loads the backend, and for each scenario materializes
+the inputs, samples and tallies, sending back the tallies alone. The parent plans and
+evaluates the checks. A worker that dies (a CUDA fault, a segfault) or that sends nothing
+for ``timeout`` seconds is killed; that scenario gets an error record and a fresh worker
+takes the remaining scenarios. An import failure is the backend's own load verdict.
+"""
+
+import multiprocessing as mp
+import time
+
+from harness.profiles import Profile
+from harness.scenarios import Scenario
+
+LOAD_TIMEOUT = 300.0  # importing vLLM and compiling kernels takes a while
+
+
+def _serve(conn, name, device, scenario_dicts, profile_fields):
+    from harness.device import configure_triton
+
+    configure_triton()
+    from harness.runner import load_for_device, sample_one
+
+    try:
+        backend = load_for_device(name, device)
+    except Exception as e:
+        conn.send(("load-error", str(e)))
+        return
+    conn.send(("loaded",))
+    profile = Profile(**profile_fields)
+    for data in scenario_dicts:
+        conn.send(sample_one(backend, Scenario.from_dict(data), profile))
+
+
+def _receive(conn, proc, timeout):
+    """The next message, or ("error", why) when the worker died or went silent."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if conn.poll(0.5):
+            try:
+                return conn.recv()
+            except EOFError:
+                break  # the worker is gone (or going)
+        if not proc.is_alive() and not conn.poll(0):
+            break
+    else:
+        proc.kill()
+        proc.join()
+        return ("error", f"worker timed out: no result within {timeout:.0f} s (killed)")
+    proc.join(10)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return ("error", "worker closed its pipe without a result (killed)")
+    return ("error", f"worker died with exit code {proc.exitcode} (a crash in the backend)")
+
+
+def sample_isolated(name, scenarios, profile, device, timeout):
+    """Yield (scenario, outcome) like the in-process sampler, from worker processes."""
+    ctx = mp.get_context("spawn")
+    remaining = list(scenarios)
+    while remaining:
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_serve, args=(child, name, device, [s.to_dict() for s in remaining], profile.__dict__), daemon=True)
+        proc.start()
+        child.close()
+        first = _receive(parent, proc, LOAD_TIMEOUT)
+        if first[0] != "loaded":
+            yield None, ("load-error", first[1])
+            return
+        while remaining:
+            outcome = _receive(parent, proc, timeout)
+            yield remaining.pop(0), outcome
+            if outcome[0] == "error" and not proc.is_alive():
+                break  # a fresh worker takes the rest
+        parent.close()
+        if proc.is_alive():
+            proc.join(timeout=30)
