@@ -96,9 +96,12 @@ def split_source(name: str) -> tuple[str, str | None]:
 
 def load_for_device(name: str, device: str):
     base, src = split_source(name)
-    if src:
-        from harness.backends.vllm_env import use_source_tree
+    if src:  # in a worker process this binds the tree for that backend alone
+        import os
 
+        from harness.backends.vllm_env import SRC_ENV, use_source_tree
+
+        os.environ[SRC_ENV] = os.path.abspath(src)
         use_source_tree(src)
     backend = load_backend(base)
     devices = getattr(backend, "devices", ("cpu",))
