@@ -111,10 +111,10 @@ def load_for_device(name: str, device: str):
     return backend
 
 
-def sample_one(backend, scenario: Scenario, profile: Profile) -> tuple:
+def sample_one(backend, scenario: Scenario, profile: Profile, count: int) -> tuple:
     """("tallies", tallies, seconds) | ("unsupported", reason) | ("error", message)."""
     try:
-        templates, _, count = planned_trials(scenario, profile)
+        templates = materialize(scenario)
         t0 = time.perf_counter()
         tallies = sample_scenario(backend, scenario, templates, count, profile)
         return ("tallies", tallies, time.perf_counter() - t0)
@@ -124,14 +124,14 @@ def sample_one(backend, scenario: Scenario, profile: Profile) -> tuple:
         return ("error", "".join(traceback.format_exception_only(type(e), e)).strip())
 
 
-def _in_process(name, scenarios, profile, device, timeout):
+def _in_process(name, work, profile, device, timeout):
     try:
         backend = load_for_device(name, device)
     except Exception as e:  # a backend that cannot load is that backend's verdict
         yield None, ("load-error", str(e))
         return
-    for scenario in scenarios:
-        yield scenario, sample_one(backend, scenario, profile)
+    for scenario, count in work:
+        yield scenario, sample_one(backend, scenario, profile, count)
 
 
 def run(
@@ -156,17 +156,19 @@ def run(
     records: list[CheckRecord] = []
     backend_seconds, trial_counts = {}, {}
     rng = np.random.default_rng(seed)
+    plans = {id(s): planned_trials(s, profile)[1:] for s in scenarios}  # laws once per run
+    work = [(s, plans[id(s)][1]) for s in scenarios]
     for name in backend_names:
         sampler = sample_isolated if isolate else _in_process
         elapsed = 0.0
-        for scenario, outcome in sampler(name, scenarios, profile, device, timeout):
+        for scenario, outcome in sampler(name, work, profile, device, timeout):
             if scenario is None:  # the backend could not load: one record, the run goes on
                 records.append(_error_record(name, "-", -1, "load", outcome[1], ""))
                 if progress:
                     progress(len(scenarios))
                 break
             repro = reproducer(name, profile, seed, (scenario_refs or {}).get(scenario.name, scenario.name), device)
-            _, planned, count = planned_trials(scenario, profile)
+            planned, count = plans[id(scenario)]
             if outcome[0] == "tallies":
                 elapsed += outcome[2]
                 trial_counts[(name, scenario.name)] = count

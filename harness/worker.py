@@ -17,7 +17,7 @@ from harness.scenarios import Scenario
 LOAD_TIMEOUT = 300.0  # importing vLLM and compiling kernels takes a while
 
 
-def _serve(conn, name, device, scenario_dicts, profile_fields):
+def _serve(conn, name, device, work, profile_fields):
     from harness.device import configure_triton
 
     configure_triton()
@@ -30,8 +30,8 @@ def _serve(conn, name, device, scenario_dicts, profile_fields):
         return
     conn.send(("loaded",))
     profile = Profile(**profile_fields)
-    for data in scenario_dicts:
-        conn.send(sample_one(backend, Scenario.from_dict(data), profile))
+    for data, count in work:
+        conn.send(sample_one(backend, Scenario.from_dict(data), profile, count))
 
 
 def _receive(conn, proc, timeout):
@@ -57,13 +57,15 @@ def _receive(conn, proc, timeout):
     return ("error", f"worker died with exit code {proc.exitcode} (a crash in the backend)")
 
 
-def sample_isolated(name, scenarios, profile, device, timeout):
-    """Yield (scenario, outcome) like the in-process sampler, from worker processes."""
+def sample_isolated(name, work, profile, device, timeout):
+    """Yield (scenario, outcome) like the in-process sampler, from worker processes;
+    ``work`` is [(scenario, trials)]."""
     ctx = mp.get_context("spawn")
-    remaining = list(scenarios)
+    remaining = list(work)
     while remaining:
         parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_serve, args=(child, name, device, [s.to_dict() for s in remaining], profile.__dict__), daemon=True)
+        payload = [(s.to_dict(), count) for s, count in remaining]
+        proc = ctx.Process(target=_serve, args=(child, name, device, payload, profile.__dict__), daemon=True)
         proc.start()
         child.close()
         first = _receive(parent, proc, LOAD_TIMEOUT)
@@ -72,7 +74,7 @@ def sample_isolated(name, scenarios, profile, device, timeout):
             return
         while remaining:
             outcome = _receive(parent, proc, timeout)
-            yield remaining.pop(0), outcome
+            yield remaining.pop(0)[0], outcome
             if outcome[0] == "error" and not proc.is_alive():
                 break  # a fresh worker takes the rest
         parent.close()
