@@ -118,8 +118,7 @@ def _gof(name, template, probs, labels, profile, source, segments=None, reach=No
 
     def evaluate(tally: TemplateTally, rng) -> Verdict:
         observed, expected = cells(tally)
-        sizes = np.bincount(seg, weights=observed, minlength=int(seg.max(initial=0)) + 1)
-        trials = int(observed.sum() if reach is None else sizes[0])
+        trials = int(observed.sum() if reach is None else observed[seg == 0].sum())  # trials reaching step 0
         if exact:
             bad = int(observed[probs == 0].sum())
             return Verdict(

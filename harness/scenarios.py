@@ -323,7 +323,6 @@ class Trials:
 
     batch: VerifyBatch
     drafts: np.ndarray  # [count, T, K] draft ids per trial (-1 past each template's count)
-    first_trial: int
 
 
 def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Trials:
@@ -381,4 +380,4 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
         request_slots=slots,
         logits_dtype=s.dtype,
     )
-    return Trials(batch=batch, drafts=drafts, first_trial=first)
+    return Trials(batch=batch, drafts=drafts)
