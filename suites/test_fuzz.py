@@ -168,6 +168,9 @@ def test_gpu_backends_at_scale(scenario):
         verify(backend, scenario, f"gpu-{backend}", device="cuda")
 
 
+SEARCH = 300  # examples find() may draw; it stops at the first failing one
+
+
 @pytest.mark.parametrize("fault", ["bonus-wrong-row", "reuse-uniform", "accept-placeholder", "ignore-draft-probs"])
 def test_the_fuzzer_finds_planted_faults(fault):
     """Negative control: the strategy reaches scenarios that expose real bug classes, and
@@ -175,8 +178,8 @@ def test_the_fuzzer_finds_planted_faults(fault):
     from hypothesis import find
 
     def fails(scenario):
-        profile = example_profile(BASE, scenario, BUDGET, 50)
+        profile = example_profile(BASE, scenario, BUDGET, SEARCH)
         return run([f"fault:{fault}"], [scenario], profile).failed
 
-    found = find(scenarios(), fails, settings=settings(max_examples=50, derandomize=True, database=None, deadline=None))
+    found = find(scenarios(), fails, settings=settings(max_examples=SEARCH, derandomize=True, database=None, deadline=None))
     assert len(found.requests) <= 2 and max(r.num_drafts for r in found.requests) <= 3
