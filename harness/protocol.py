@@ -15,6 +15,10 @@ drafts, then one replacement or bonus token. Slots past ``num_emitted`` are neve
 (vLLM MRV2 leaves them uninitialised). Torch or CuPy tensors are accepted as returns;
 ``batch.to_torch(device)`` converts inputs for torch-based kernels.
 
+A backend with ``device_batches = True`` may instead receive a *device batch*: the same
+fields as torch tensors already on its device, logits stored in ``logits_dtype``
+(``harness.device_trials``); it returns tensors on that device, which are tallied there.
+
 Layout (``B`` requests, ``d_r`` drafts for request ``r``, ``D = sum d_r``):
 
 =================  =====================  ==================================================
@@ -74,7 +78,7 @@ class VerifyBatch:
 
     @property
     def num_requests(self) -> int:
-        return self.cu_num_drafts.size - 1
+        return len(self.cu_num_drafts) - 1
 
     @property
     def vocab_size(self) -> int:
@@ -142,17 +146,34 @@ class VerifyBatch:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            out[f.name] = torch.from_numpy(np.ascontiguousarray(value)).to(device) if isinstance(value, np.ndarray) else value
+            if isinstance(value, np.ndarray):
+                value = torch.from_numpy(np.ascontiguousarray(value))
+            out[f.name] = value.to(device) if isinstance(value, torch.Tensor) else value
         return out
 
 
-def as_numpy_outputs(result, num_requests: int, max_drafts: int) -> tuple[np.ndarray, np.ndarray]:
-    """Normalize a backend's return value, naming what is malformed."""
+def host(x) -> np.ndarray:
+    """A small field (methods, seeds, rates) as a NumPy array, whether the batch holds arrays
+    or device tensors (a device batch, see ``harness.device_trials``)."""
+    return x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x)
+
+
+def checked_outputs(result, num_requests: int, max_drafts: int):
+    """``(tokens, num_emitted)`` of a backend's return value (arrays or tensors, left where
+    they are), raising ``ValueError`` naming what is malformed."""
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ValueError("backend output: expected a (tokens, num_emitted) tuple")
-    tokens, emitted = (np.asarray(x.cpu() if hasattr(x, "cpu") else x) for x in result)
-    if tokens.shape != (num_requests, max_drafts + 1):
-        raise ValueError(f"backend output: tokens shape {tokens.shape}, expected {(num_requests, max_drafts + 1)}")
-    if emitted.shape != (num_requests,):
-        raise ValueError(f"backend output: num_emitted shape {emitted.shape}, expected {(num_requests,)}")
+    tokens, emitted = result
+    shape = tuple(tokens.shape) if hasattr(tokens, "shape") else np.shape(tokens)
+    if shape != (num_requests, max_drafts + 1):
+        raise ValueError(f"backend output: tokens shape {shape}, expected {(num_requests, max_drafts + 1)}")
+    shape = tuple(emitted.shape) if hasattr(emitted, "shape") else np.shape(emitted)
+    if shape != (num_requests,):
+        raise ValueError(f"backend output: num_emitted shape {shape}, expected {(num_requests,)}")
+    return tokens, emitted
+
+
+def as_numpy_outputs(result, num_requests: int, max_drafts: int) -> tuple[np.ndarray, np.ndarray]:
+    """A backend's return value as host int64 arrays, naming what is malformed."""
+    tokens, emitted = (np.asarray(x.cpu() if hasattr(x, "cpu") else x) for x in checked_outputs(result, num_requests, max_drafts))
     return tokens.astype(np.int64), emitted.astype(np.int64)

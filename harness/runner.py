@@ -17,7 +17,7 @@ import numpy as np
 from harness import checks as checks_mod
 from harness.backends import load_backend
 from harness.profiles import Profile, get_profile
-from harness.protocol import as_numpy_outputs
+from harness.protocol import as_numpy_outputs, checked_outputs
 from harness.records import CheckRecord
 from harness.scenarios import Scenario, materialize, trials
 from harness.stats import holm
@@ -69,22 +69,50 @@ def planned_trials(scenario: Scenario, profile: Profile) -> tuple[list, list[che
 
 def sample_scenario(backend, scenario: Scenario, templates, count: int, profile: Profile) -> list[TemplateTally]:
     """Run ``count`` trials of every template through ``backend``; return the tallies."""
+    probe = trials(scenario, templates, 0, 1).batch  # what a backend supports depends on the templates only
+    reason = backend.supports(probe) if hasattr(backend, "supports") else None
+    if reason:
+        raise Unsupported(reason)
+    if getattr(backend, "device_batches", False):
+        return _sample_on_device(backend, scenario, templates, count, profile)
     tallies = [TemplateTally(t.effective_drafts, scenario.vocab_size) for t in templates]
-    per_trial = sum(t.num_drafts + 1 for t in templates) * scenario.vocab_size
-    chunk = max(1, profile.chunk_elements // per_trial)
+    chunk = _chunk_trials(scenario, templates, profile.chunk_elements)
     done = 0
     while done < count:
         n = min(chunk, count - done)
         tr = trials(scenario, templates, done, n)
         batch = tr.batch
-        reason = backend.supports(batch) if hasattr(backend, "supports") else None
-        if reason:
-            raise Unsupported(reason)
         result = backend.sample(batch)
         tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
         add_outputs(tallies, tokens, emitted, tr.drafts, done)
         done += n
     return tallies
+
+
+def _chunk_trials(scenario: Scenario, templates, elements: int) -> int:
+    """Trials per backend call within a budget of ``elements`` logits."""
+    per_trial = sum(t.num_drafts + 1 for t in templates) * scenario.vocab_size
+    return max(1, elements // per_trial)
+
+
+def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile) -> list[TemplateTally]:
+    """Inputs built and outputs tallied on the backend's device (``harness.device_trials``)."""
+    from harness.device_tally import DeviceTally
+    from harness.device_trials import DeviceTrials
+
+    device = getattr(backend, "device", "cpu")
+    built = DeviceTrials(scenario, templates, device)
+    tally = DeviceTally([t.effective_drafts for t in templates], scenario.vocab_size, scenario.max_drafts, device)
+    budget = profile.chunk_elements if device == "cpu" else profile.device_chunk_elements
+    chunk = min(_chunk_trials(scenario, templates, budget), count)
+    done = 0
+    while done < count:
+        n = min(chunk, count - done)
+        batch, drafts = built.chunk(done, n)
+        tokens, emitted = checked_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts)
+        tally.add(tokens, emitted, drafts, done)
+        done += n
+    return tally.finish()
 
 
 def split_source(name: str) -> tuple[str, str | None]:

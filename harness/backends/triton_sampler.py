@@ -30,11 +30,11 @@ Conventions follow ``reference`` (block verification's running ratio stays 0 onc
 
 import os
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
+from harness.protocol import host
 from reference.methods import Method
 from reference.rng import Stream
 
@@ -678,6 +678,7 @@ class TritonBackend:
 
     name = "triton"
     devices = ("cpu", "cuda")
+    device_batches = True  # takes batches built on its device (harness.device_trials)
 
     def __init__(self, device: str = "cpu", block_v: int | None = None, splits: int | None = None):
         self.device = device
@@ -686,12 +687,12 @@ class TritonBackend:
     def sample(self, batch):
         if self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("triton backend on cpu needs TRITON_INTERPRET=1 set before triton is imported")
-        methods = np.asarray(batch.methods)
+        methods = host(batch.methods)
         t = batch.to_torch(self.device)
-        dtype = getattr(torch, getattr(batch, "logits_dtype", "float32"))
-        if self.device != "cpu" and dtype != torch.float32:
-            t["target_logits"] = t["target_logits"].to(dtype)
-            t["draft_logits"] = None if t["draft_logits"] is None else t["draft_logits"].to(dtype)
+        # The interpreter reads fp32; CUDA reads the batch's dtype (half the bytes for bf16 / fp16).
+        dtype = torch.float32 if self.device == "cpu" else getattr(torch, getattr(batch, "logits_dtype", "float32"))
+        t["target_logits"] = t["target_logits"].to(dtype)
+        t["draft_logits"] = None if t["draft_logits"] is None else t["draft_logits"].to(dtype)
         return verify(
             t["target_logits"], t["draft_logits"], t["draft_tokens"], t["cu_num_drafts"], t["temperature"], t["seeds"],
             t["positions"], t["methods"], t["synthetic_rates"], batch.max_drafts,

@@ -1,0 +1,157 @@
+"""Trials built on the backend's device: the same batches as ``scenarios.trials``, bit for bit.
+
+The host path tiles every template's logits into each chunk in NumPy and copies the chunk
+to the device; at V = 152,064 that costs more than the sampler. Here the templates' rows
+go to the device once per scenario and are repeated there once per chunk size (every chunk
+of the same size has the same logits: only seeds, positions and drafts differ), and the
+per-trial integers are computed on the device with a torch port of ``reference.rng``.
+Only counts come back to the host (``DeviceTally``).
+
+A device batch is a ``VerifyBatch`` whose array fields are torch tensors on the device;
+its logits are stored in the scenario's ``logits_dtype`` (their values are exact in it).
+Backends opt in with ``device_batches = True``.
+"""
+
+import numpy as np
+import torch
+
+from harness.protocol import VerifyBatch
+from harness.scenarios import POSITION_RANGE, Scenario, Template, conditional_rates
+from reference.rng import Stream
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(x: int) -> int:
+    """A uint64 constant as the int64 with the same bits (torch has no uint64 arithmetic)."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_M1 = _signed(0xBF58476D1CE4E5B9)
+_M2 = _signed(0x94D049BB133111EB)
+_HASH_START = 0x243F6A8885A308D3
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (``>>`` on int64 is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finalizer on int64 bit patterns (multiplication wraps like uint64)."""
+    x = x ^ _shr(x, 30)
+    x = x * _M1
+    x = x ^ _shr(x, 27)
+    x = x * _M2
+    return x ^ _shr(x, 31)
+
+
+def hash64(*keys: torch.Tensor | int, device=None) -> torch.Tensor:
+    """``reference.rng.hash64`` on torch int64 tensors (bit-identical)."""
+    h = torch.tensor(_HASH_START, dtype=torch.int64, device=device)
+    for key in keys:
+        h = _mix(h ^ (torch.as_tensor(key, dtype=torch.int64, device=device) + _GOLDEN))
+    return _shr(h, 1)
+
+
+def uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: Stream) -> torch.Tensor:
+    """``reference.rng.uniforms`` on torch int64 tensors (bit-identical float64)."""
+    s = int(stream)
+    h = _mix(seeds + _GOLDEN)
+    h = _mix(h ^ (positions * _GOLDEN + s))
+    h = _mix(h + _signed((0x9E3779B97F4A7C15 * s) & _MASK64))
+    return (_shr(h, 12).to(torch.float64) + 0.5) * 2.0**-52
+
+
+class DeviceTrials:
+    """``count`` trials of every template from global trial ``first``, built on ``device``."""
+
+    def __init__(self, s: Scenario, templates: list[Template], device: str):
+        self.scenario, self.templates, self.device = s, templates, device
+        dev = torch.device(device)
+        self.t_count = len(templates)
+        self.k = s.max_drafts
+        counts = np.array([t.num_drafts for t in templates], dtype=np.int64)
+        self.counts = counts
+        dtype = getattr(torch, s.dtype)
+
+        def put(x, dt=None):
+            return torch.as_tensor(np.ascontiguousarray(x), device=dev, dtype=dt)
+
+        self.target_block = put(np.concatenate([t.target_logits for t in templates])).to(dtype)
+        draft_width = s.draft_vocab_size or s.vocab_size
+        proposal = [t.proposal_logits for t in templates]
+        self.draft_block = put(np.concatenate(proposal) if counts.sum() else np.zeros((0, draft_width), np.float32)).to(dtype)
+        self.fixed = put(np.stack([_padded(t.drafts if t.drafts is not None else [], self.k) for t in templates]))
+        # Sampled drafts: the float64 CDF of each (template, step), as reference.rules.draw_from_row.
+        self.cdfs = {}
+        for i, t in enumerate(templates):
+            if t.drafts is None and t.num_drafts:
+                probs = t.sampling_probs()
+                last = probs.shape[1] - 1 - np.argmax(probs[:, ::-1] > 0, axis=1)
+                self.cdfs[i] = (put(np.cumsum(probs, axis=1)), put(last))
+        # Within a trial: template of each draft column / target row, and each row's step.
+        self.draft_cols = put(np.concatenate([i * self.k + np.arange(d) for i, d in enumerate(counts)]).astype(np.int64))
+        self.row_template = put(np.repeat(np.arange(self.t_count), counts + 1))
+        self.row_step = put(np.concatenate([np.arange(d + 1) for d in counts]))
+        self.counts_t = put(counts)
+        self.temps = put(np.array([t.spec.temperature for t in templates], dtype=np.float64))
+        self.methods = put(np.array([t.method for t in templates], dtype=np.int8))
+        self.rates = put(conditional_rates(s)) if s.synthetic is not None else None
+        self._tiled = (None, None, None)  # (count, target, draft): the last chunk size's logits
+
+    def logits(self, count: int):
+        if self._tiled[0] != count:
+            self._tiled = (None, None, None)  # free the old chunk's logits first
+            draft = self.draft_block.repeat(count, 1) if self.scenario.draft_probs else None
+            self._tiled = (count, self.target_block.repeat(count, 1), draft)
+        return self._tiled[1], self._tiled[2]
+
+    def chunk(self, first: int, count: int) -> tuple[VerifyBatch, torch.Tensor]:
+        """(the batch, drafts ``[count, T, K]``): ``scenarios.trials(s, templates, first, count)`` on the device."""
+        s, dev, t_count, k = self.scenario, self.device, self.t_count, self.k
+        trial = first + torch.arange(count, device=dev)
+        req_index = trial[:, None] * t_count + torch.arange(t_count, device=dev)[None, :]  # [count, T]
+        drafts = self.fixed[None].repeat(count, 1, 1)
+        for i, (cdf, last) in self.cdfs.items():
+            d = cdf.shape[0]
+            u = uniforms(hash64(s.seed, req_index[:, i], device=dev)[:, None], torch.arange(d, device=dev)[None, :], Stream.DRAFT)
+            for j in range(d):
+                ids = torch.searchsorted(cdf[j], u[:, j] * cdf[j, -1], right=True)
+                drafts[:, i, j] = torch.minimum(ids, last[j])
+        flat_drafts = drafts.reshape(count, t_count * k)[:, self.draft_cols].reshape(-1)
+        req = req_index.reshape(-1)
+        per_req = self.counts_t.repeat(count)
+        cu = torch.zeros(count * t_count + 1, dtype=torch.int64, device=dev)
+        cu[1:] = per_req.cumsum(0)
+        if s.positions == "random":
+            base = hash64(s.seed, req, 2, device=dev) % POSITION_RANGE
+        else:
+            base = torch.zeros_like(req)
+        positions = (base.view(count, t_count)[:, self.row_template] + self.row_step).reshape(-1)
+        slots = None
+        if s.slots == "permuted":  # as scenarios.trials: a state table twice the batch
+            slots = torch.argsort(hash64(s.seed, first + torch.arange(2 * count * t_count, device=dev), 3))[: count * t_count]
+        target, draft = self.logits(count)
+        batch = VerifyBatch(
+            target_logits=target,
+            draft_logits=draft,
+            draft_tokens=flat_drafts,
+            cu_num_drafts=cu,
+            temperature=self.temps.repeat(count),
+            seeds=hash64(s.seed, req, 1, device=dev),
+            positions=positions,
+            methods=self.methods.repeat(count),
+            synthetic_rates=None if self.rates is None else self.rates[None].repeat(count * t_count, 1),
+            max_drafts=k,
+            request_slots=slots,
+            logits_dtype=s.dtype,
+        )
+        return batch, drafts
+
+
+def _padded(ids, k: int) -> np.ndarray:
+    out = np.full(k, -1, dtype=np.int64)
+    out[: len(ids)] = ids
+    return out
