@@ -11,8 +11,11 @@ import os
 
 import pytest
 
-from harness.device import configure_triton
+from harness.device import configure_triton, pin_xdist_worker_gpu
 
+# `pytest -m gpu -n N` on a machine with several GPUs: one GPU per xdist worker, chosen
+# before anything initializes CUDA.
+pin_xdist_worker_gpu()
 # The Triton interpreter must be chosen before any @triton.jit runs: CPU-only machines
 # run Triton kernels under TRITON_INTERPRET=1, GPU machines compile them.
 configure_triton()

@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         default=900.0,
         help="seconds a backend may spend on one scenario before its worker is killed (default: 900)",
     )
+    r.add_argument(
+        "--gpus", type=int, default=1, help="spread each backend's scenarios over this many GPUs, one worker per GPU (default: 1)"
+    )
     r.add_argument("--history", help="append this run to a history file (SQLite), e.g. reports/history.sqlite")
     r.add_argument("--label", help="a label for this run in the history (e.g. 'vllm main abc123')")
     rp = sub.add_parser("report", help="build the drift page from a history")
@@ -155,12 +158,17 @@ def _run(args) -> int:
 
         use_source_tree(args.vllm_src)
         os.environ["SPECDEC_VLLM_SRC"] = os.path.abspath(args.vllm_src)  # recorded in the run's environment
+    if args.gpus < 1:
+        raise UsageError(f"--gpus: expected a positive number of GPUs, got {args.gpus}")
+    if args.gpus > 1 and (args.in_process or args.device == "cpu"):
+        raise UsageError("--gpus > 1 needs --device cuda and worker processes (drop --in-process)")
     backends = args.backend or ["reference"]
     progress, close = _progress(len(backends) * len(scenarios), disabled=args.no_progress)
     try:
         result = run(
-            backends, scenarios, profile, args.seed, args.device, progress, refs, isolate=not args.in_process, timeout=args.timeout
-        )
+            backends, scenarios, profile, args.seed, args.device, progress, refs,
+            isolate=not args.in_process, timeout=args.timeout, gpus=args.gpus,
+        )  # fmt: skip
     finally:
         close()
     paths = write_outputs(result, args.out, argv=sys.argv)

@@ -16,7 +16,7 @@ class Profile:
     vocab: int  # vocabulary of the catalog's small scenarios
     large_vocab: int  # vocabulary of the catalog's large-vocabulary scenarios
     chunk_elements: int = 1 << 24  # logits per backend call (memory budget), host batches
-    device_chunk_elements: int = 1 << 28  # the same for batches built on a GPU (1 GiB of fp32 rows)
+    device_chunk_elements: int = 1 << 30  # the same for batches built on a GPU (4 GiB of fp32 rows)
     description: str = ""
 
 

@@ -8,6 +8,7 @@ never retried. Holm's step-down controls the family-wise false-alarm rate of the
 """
 
 import shlex
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -172,14 +173,17 @@ def run(
     scenario_refs=None,
     isolate: bool = False,
     timeout: float = 900.0,
+    gpus: int = 1,
 ) -> RunResult:
     """Verify every backend on every scenario. ``scenario_refs`` maps a scenario name to how
     the reproducer names it (a JSON file path for scenarios that are not in the catalog).
     ``isolate``: each backend samples in its own worker process (``harness.worker``): a
     crash, a hang past ``timeout`` seconds per scenario or an import failure becomes that
-    backend's verdict and the run goes on."""
-    from harness.worker import sample_isolated
-
+    backend's verdict and the run goes on. ``gpus`` > 1 (isolated, on CUDA): each backend's
+    scenarios are spread over that many workers, one GPU each. Checks are evaluated in
+    catalog order whatever the sharding, so a run's records do not depend on ``gpus``."""
+    if gpus > 1 and not (isolate and device != "cpu"):
+        raise ValueError("gpus > 1 needs worker isolation on a CUDA device (not --in-process, not --device cpu)")
     start = time.perf_counter()
     records: list[CheckRecord] = []
     backend_seconds, trial_counts = {}, {}
@@ -187,13 +191,11 @@ def run(
     plans = {id(s): planned_trials(s, profile)[1:] for s in scenarios}  # laws once per run
     work = [(s, plans[id(s)][1]) for s in scenarios]
     for name in backend_names:
-        sampler = sample_isolated if isolate else _in_process
+        outcomes = _sample_backend(name, work, profile, device, isolate, timeout, gpus, progress)
         elapsed = 0.0
-        for scenario, outcome in sampler(name, work, profile, device, timeout):
-            if scenario is None:  # the backend could not load: one record, the run goes on
+        for scenario, outcome in zip(scenarios, outcomes):
+            if outcome[0] == "load-error":  # the backend could not load: one record, the run goes on
                 records.append(_error_record(name, "-", -1, "load", outcome[1], ""))
-                if progress:
-                    progress(len(scenarios))
                 break
             repro = reproducer(name, profile, seed, (scenario_refs or {}).get(scenario.name, scenario.name), device)
             planned, count = plans[id(scenario)]
@@ -207,12 +209,47 @@ def run(
                     records.append(_skipped_record(name, scenario, check, f"backend does not support this scenario: {outcome[1]}", repro))
             else:
                 records.append(_error_record(name, scenario.name, -1, "sample", outcome[1], repro))
-            if progress:
-                progress(1)
         backend_seconds[name] = elapsed
     family = _apply_holm(records, profile.alpha)
     described = {s.name: s.to_dict() for s in scenarios}
     return RunResult(records, profile, seed, family, time.perf_counter() - start, backend_seconds, trial_counts, described)
+
+
+def _sample_backend(name, work, profile, device, isolate, timeout, gpus, progress) -> list:
+    """One outcome per work item, in order; a load failure ends the list with ("load-error", why)."""
+    from harness.worker import sample_isolated
+
+    shards = [list(range(g, len(work), gpus)) for g in range(gpus)] if gpus > 1 else [list(range(len(work)))]
+    outcomes: list = [None] * len(work)
+    lock = threading.Lock()
+
+    def serve(shard: list[int], gpu: int | None) -> None:
+        items = [work[i] for i in shard]
+        if isolate:
+            stream = sample_isolated(name, items, profile, device, timeout, gpu=gpu)
+        else:
+            stream = _in_process(name, items, profile, device, timeout)
+        for i, (scenario, outcome) in zip(shard, stream):
+            with lock:
+                if scenario is None:  # every remaining item of this shard gets the load error
+                    for j in shard:
+                        outcomes[j] = outcomes[j] or outcome
+                    if progress:
+                        progress(sum(1 for j in shard if outcomes[j] is outcome))
+                    return
+                outcomes[i] = outcome
+                if progress:
+                    progress(1)
+
+    if gpus > 1:
+        threads = [threading.Thread(target=serve, args=(shard, g)) for g, shard in enumerate(shards) if shard]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        serve(shards[0], None)
+    return outcomes
 
 
 def _record(backend, scenario, check, v, repro) -> CheckRecord:

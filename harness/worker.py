@@ -17,8 +17,11 @@ from harness.scenarios import Scenario
 LOAD_TIMEOUT = 300.0  # importing vLLM and compiling kernels takes a while
 
 
-def _serve(conn, name, device, work, profile_fields):
-    from harness.device import configure_triton
+def _serve(conn, name, device, work, profile_fields, gpu=None):
+    from harness.device import configure_triton, pin_gpu
+
+    if gpu is not None:  # before CUDA is initialized: this worker sees one GPU
+        pin_gpu(gpu)
 
     configure_triton()
     from harness.runner import load_for_device, sample_one
@@ -57,15 +60,16 @@ def _receive(conn, proc, timeout):
     return ("error", f"worker died with exit code {proc.exitcode} (a crash in the backend)")
 
 
-def sample_isolated(name, work, profile, device, timeout):
+def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None):
     """Yield (scenario, outcome) like the in-process sampler, from worker processes;
-    ``work`` is [(scenario, trials)]."""
+    ``work`` is [(scenario, trials)]; ``gpu``: the index (among the visible GPUs) the workers use."""
     ctx = mp.get_context("spawn")
     remaining = list(work)
     while remaining:
         parent, child = ctx.Pipe(duplex=False)
         payload = [(s.to_dict(), count) for s, count in remaining]
-        proc = ctx.Process(target=_serve, args=(child, name, device, payload, profile.__dict__), daemon=True)
+        args = (child, name, device, payload, profile.__dict__, gpu)
+        proc = ctx.Process(target=_serve, args=args, daemon=True)
         proc.start()
         child.close()
         first = _receive(parent, proc, LOAD_TIMEOUT)

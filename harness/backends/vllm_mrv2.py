@@ -34,6 +34,8 @@ documented convention; see ``reference``).
 import numpy as np
 
 from harness.backends import vllm_env
+from harness.backends.memo import LogitsMemo
+from harness.protocol import host
 from reference.methods import Method
 
 _UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
@@ -87,6 +89,7 @@ class VllmMrv2Backend:
 
     name = "vllm-mrv2"
     devices = ("cpu", "cuda")
+    device_batches = True  # takes batches built on its device (harness.device_trials)
 
     def __init__(self, use_fp64: bool = False):
         self.device = "cpu"
@@ -109,75 +112,87 @@ class VllmMrv2Backend:
 
 # --- the batch in vLLM's layout ---------------------------------------------------------------
 class _Layout:
-    """Index tensors shared by every MRV2 entry point (numpy first, then one copy each)."""
+    """Index tensors shared by every MRV2 entry point, built with torch on the device.
 
-    def __init__(self, batch, device: str):
+    The batch may hold NumPy arrays or device tensors (a device batch). Tensors derived
+    from the logits (temperature-processed target rows, the draft cache) are memoized on
+    the logits tensor they came from: a device batch reuses its logits across chunks.
+    """
+
+    def __init__(self, batch, device: str, memo: LogitsMemo):
         import torch
 
-        cu = np.asarray(batch.cu_num_drafts, dtype=np.int64)
-        b = cu.size - 1
-        counts = np.diff(cu)
+        self.memo = memo
+        f = batch.to_torch(device)
+        cu = f["cu_num_drafts"].to(torch.int64)
+        b = len(cu) - 1
+        counts = cu.diff()
         k = int(batch.max_drafts)
-        starts = cu[:-1] + np.arange(b)  # first row of each request
-        num_logits = int(cu[-1]) + b
-        owner_of_draft = np.repeat(np.arange(b), counts)
-        draft_rows = np.arange(int(cu[-1])) + owner_of_draft  # the row verifying each draft
-        owner_of_row = np.repeat(np.arange(b), counts + 1)
-        slots = getattr(batch, "request_slots", None)
-        slots = b - np.arange(b) if slots is None else np.asarray(slots, dtype=np.int64)  # default: reversed
-        num_slots = int(slots.max()) + 2  # at least one unused slot, poisoned
-        temperature = np.asarray(batch.temperature, dtype=np.float64)
-
-        draft_sampled = np.zeros(num_logits, dtype=np.int64)
-        draft_sampled[draft_rows + 1] = batch.draft_tokens
-        slot_temperature = np.full(num_slots, np.nan, dtype=np.float32)
-        slot_temperature[slots] = temperature
-        slot_seed = np.full(num_slots, -1, dtype=np.int64)
-        slot_seed[slots] = batch.seeds
-
-        def t(x):
-            return torch.from_numpy(np.ascontiguousarray(x)).to(device)
-
+        ar = torch.arange(b, device=device)
+        num_drafts = int(cu[-1])
+        num_logits = num_drafts + b
+        starts = cu[:-1] + ar  # first row of each request
+        owner_of_draft = torch.repeat_interleave(ar, counts, output_size=num_drafts)
+        draft_rows = torch.arange(num_drafts, device=device) + owner_of_draft  # the row verifying each draft
+        owner_of_row = torch.repeat_interleave(ar, counts + 1, output_size=num_logits)
+        slots = f["request_slots"]
+        slots = b - ar if slots is None else slots.to(torch.int64)  # default: reversed
+        num_slots = int(slots.max()) + 2 if b else 1  # at least one unused slot, poisoned
+        temperature = f["temperature"].to(torch.float64)
+        draft_sampled = torch.zeros(num_logits, dtype=torch.int64, device=device)
+        draft_sampled[draft_rows + 1] = f["draft_tokens"].to(torch.int64)
+        slot_temperature = torch.full((num_slots,), float("nan"), dtype=torch.float32, device=device)
+        slot_temperature[slots] = temperature.to(torch.float32)
+        slot_seed = torch.full((num_slots,), -1, dtype=torch.int64, device=device)
+        slot_seed[slots] = f["seeds"].to(torch.int64)
         self.device, self.num_reqs, self.num_logits, self.k, self.num_slots = device, b, num_logits, k, num_slots
-        self.slots, self.owner_of_draft, self.draft_steps = slots, owner_of_draft, draft_rows - starts[owner_of_draft]
+        self.fields, self.slots, self.owner_of_draft = f, slots, owner_of_draft
+        self.draft_steps = draft_rows - starts[owner_of_draft]
+        self.draft_temperature = temperature[owner_of_draft]
         self.row_temperature = temperature[owner_of_row]
-        self.cu_num_logits = t((cu + np.arange(b + 1)).astype(np.int32))
-        self.draft_sampled = t(draft_sampled)
-        self.pos = t(np.asarray(batch.positions, dtype=np.int64))
-        self.idx_mapping = t(slots.astype(np.int32))
-        self.expanded_idx_mapping = t(slots[owner_of_row].astype(np.int32))
-        self.expanded_local_pos = t((np.arange(num_logits) - starts[owner_of_row]).astype(np.int32))
-        self.temperature = t(slot_temperature)
-        self.seed = t(slot_seed)
-        self._t = t
+        self.cu_num_logits = (cu + torch.arange(b + 1, device=device)).to(torch.int32)
+        self.draft_sampled = draft_sampled
+        self.pos = f["positions"].to(torch.int64)
+        self.idx_mapping = slots.to(torch.int32)
+        self.expanded_idx_mapping = slots[owner_of_row].to(torch.int32)
+        self.expanded_local_pos = (torch.arange(num_logits, device=device) - starts[owner_of_row]).to(torch.int32)
+        self.temperature = slot_temperature
+        self.seed = slot_seed
 
-    def target_logits(self, batch, processed: bool):
+    def target_logits(self, processed: bool):
         """fp32 target rows; ``processed``: divided by the temperature as vLLM's sampler does."""
-        logits = self._t(np.asarray(batch.target_logits, dtype=np.float32))
-        if processed:
-            temp = self._t(np.where(self.row_temperature > 0, self.row_temperature, 1.0).astype(np.float32))
-            logits = logits / temp[:, None]
-        return logits
+        import torch
+
+        logits = self.fields["target_logits"]
+        if not processed:
+            return logits.to(torch.float32)
+        temp = torch.where(self.row_temperature > 0, self.row_temperature, 1.0).to(torch.float32)
+        return self.memo.get("target", logits, temp, lambda: logits.to(torch.float32) / temp[:, None])
 
     def draft_cache(self, batch, divide: bool, width: int | None = None):
         """``[max_num_reqs, K, V]`` draft logits by (state slot, step); unused entries are NaN.
-
         Raw logits are cached in the batch's ``logits_dtype`` (vLLM caches the draft head's
         dtype, bf16 typically; the values are exact in it); divided ones in fp32."""
         import torch
 
-        if batch.draft_logits is None or self.k == 0:
+        rows = self.fields["draft_logits"]
+        if rows is None or self.k == 0:
             return None
-        rows = np.asarray(batch.draft_logits, dtype=np.float32)
-        if divide:
-            temp = np.asarray(batch.temperature, dtype=np.float64)[self.owner_of_draft]
-            rows = (rows / np.where(temp > 0, temp, 1.0)[:, None]).astype(np.float32)
-        width = width or rows.shape[1]
-        cache = np.full((self.num_slots, self.k, width), np.nan, dtype=np.float32)
-        cache[self.slots[self.owner_of_draft], self.draft_steps] = -np.inf  # ids the draft lacks
-        cache[self.slots[self.owner_of_draft], self.draft_steps, : rows.shape[1]] = rows
         dtype = torch.float32 if divide else getattr(torch, getattr(batch, "logits_dtype", "float32"))
-        return self._t(cache).to(dtype)
+        width = width or rows.shape[1]
+        key = torch.cat([self.slots, self.draft_steps, self.draft_temperature.view(torch.int64)])
+
+        def build():
+            r = rows.to(torch.float32)
+            if divide:
+                r = r / torch.where(self.draft_temperature > 0, self.draft_temperature, 1.0).to(torch.float32)[:, None]
+            cache = torch.full((self.num_slots, self.k, width), float("nan"), dtype=dtype, device=self.device)
+            slot = self.slots[self.owner_of_draft]
+            cache[slot, self.draft_steps] = float("-inf")  # ids the draft lacks
+            cache[slot, self.draft_steps, : r.shape[1]] = r.to(dtype)
+            return cache
+
+        return self.memo.get(f"draft-{divide}-{width}", rows, key, build)
 
     def outputs(self, sampled, num_sampled):
         """Slots past ``num_sampled`` are uninitialised memory in vLLM: make them -1."""
@@ -188,19 +203,20 @@ class _Layout:
 
 
 def _single_method(batch) -> Method | None:
-    methods = np.unique(batch.methods)
+    methods = np.unique(host(batch.methods))
     return Method(int(methods[0])) if methods.size == 1 else None
 
 
 def _uniform_rates(batch) -> np.ndarray | None:
-    rates = np.asarray(batch.synthetic_rates, dtype=np.float64)
+    rates = host(batch.synthetic_rates).astype(np.float64)
     return rates[0] if np.all(rates == rates[0]) else None
 
 
 def _target_beyond_draft_vocab(batch) -> bool:
     if batch.draft_logits is None or batch.draft_logits.shape[1] >= batch.vocab_size:
         return False
-    return bool(np.isfinite(batch.target_logits[:, batch.draft_logits.shape[1] :]).any())
+    beyond = batch.target_logits[:, batch.draft_logits.shape[1] :]
+    return bool((beyond > float("-inf")).any())  # a finite logit (+inf is invalid input): mass the draft cannot propose
 
 
 # --- current API (0.2x .. 0.33.0) -------------------------------------------------------------
@@ -211,6 +227,7 @@ class _CurrentApi:
         self.fn = fn
         self.params = vllm_env.parameters(fn)
         self.use_fp64 = False
+        self.memo = LogitsMemo()  # logits-derived tensors, reused across a device batch's chunks
         self._divides_draft = None  # do the kernels divide draft logits by T? (probed once)
 
     def supports(self, batch) -> str | None:
@@ -233,7 +250,7 @@ class _CurrentApi:
     def sample(self, batch, device: str):
         import torch
 
-        lay = _Layout(batch, device)
+        lay = _Layout(batch, device, self.memo)
         method = _single_method(batch)
         kwargs = {}
         if method is Method.SYNTHETIC:
@@ -248,7 +265,7 @@ class _CurrentApi:
             draft = lay.draft_cache(batch, divide=not self._kernel_divides_draft(device))
         with torch.no_grad():
             sampled, num_sampled = self.fn(
-                lay.target_logits(batch, processed=True), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
+                lay.target_logits(processed=True), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
                 lay.idx_mapping, lay.expanded_idx_mapping, lay.expanded_local_pos, lay.temperature, lay.seed, lay.k,
                 **kwargs,
             )  # fmt: skip
@@ -281,6 +298,7 @@ class _LegacyApi:
     def __init__(self, legacy, synthetic, gumbel_sample):
         self.legacy, self.synthetic, self.gumbel_sample = legacy, synthetic, gumbel_sample
         self.use_fp64 = False
+        self.memo = LogitsMemo()
 
     def supports(self, batch) -> str | None:
         method = _single_method(batch)
@@ -288,8 +306,9 @@ class _LegacyApi:
             return "mixes verification methods in one batch (vLLM MRV2 verifies a batch with one method)"
         if method is Method.BLOCK:
             return "vLLM 0.19 MRV2 has no block verification"
-        sampled_rows = np.asarray(batch.temperature)[np.repeat(np.arange(batch.num_requests), batch.num_drafts)] > 0
-        has_placeholder = bool((np.asarray(batch.draft_tokens)[sampled_rows] < 0).any())
+        drafts = host(batch.draft_tokens)
+        sampled_rows = host(batch.temperature)[np.repeat(np.arange(batch.num_requests), np.diff(host(batch.cu_num_drafts)))] > 0
+        has_placeholder = bool((drafts[sampled_rows] < 0).any())
         if method is Method.STANDARD:
             if batch.draft_logits is None:
                 return "vLLM 0.19 probabilistic_rejection_sample needs draft logits"
@@ -300,14 +319,14 @@ class _LegacyApi:
                 return "this vLLM has no synthetic_rejection_sample"
             if _geometric(batch) is None:
                 return "synthetic rates are not a0 * gamma**i for every request (vLLM 0.19 takes one base rate and decay)"
-            if (np.asarray(batch.draft_tokens) < 0).any():
+            if (drafts < 0).any():
                 return "vLLM 0.19 synthetic_rejection_sample can accept a -1 placeholder (no placeholder handling)"
         return None
 
     def sample(self, batch, device: str):
         import torch
 
-        lay = _Layout(batch, device)
+        lay = _Layout(batch, device, self.memo)
         method = _single_method(batch)
         with torch.no_grad():
             if method is Method.STANDARD:
@@ -315,13 +334,13 @@ class _LegacyApi:
                 if draft is None:  # no drafts at all: the function still needs a cache
                     draft = torch.zeros((lay.num_slots, max(lay.k, 1), batch.vocab_size), device=device)
                 sampled, num_sampled = self.legacy.probabilistic_rejection_sample(
-                    lay.target_logits(batch, processed=True), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
+                    lay.target_logits(processed=True), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
                     lay.idx_mapping, lay.expanded_idx_mapping, lay.expanded_local_pos, lay.temperature, lay.seed, lay.k,
                 )  # fmt: skip
             else:
                 # The engine's sampler draws the target tokens (temperature applied in-kernel).
                 target_sampled = self.gumbel_sample(
-                    lay.target_logits(batch, processed=False), lay.expanded_idx_mapping, lay.temperature, lay.seed, lay.pos,
+                    lay.target_logits(processed=False), lay.expanded_idx_mapping, lay.temperature, lay.seed, lay.pos,
                     apply_temperature=True,
                 )  # fmt: skip
                 if method is Method.STRICT:

@@ -34,8 +34,10 @@ import dataclasses
 import numpy as np
 
 from harness.backends import vllm_env
+from harness.backends.memo import LogitsMemo
+from harness.protocol import host
 from reference.methods import Method
-from reference.rng import Stream, hash64, uniforms
+from reference.rng import Stream, hash64
 
 _MODULE = "vllm.v1.sample.rejection_sampler"
 _METADATA = "vllm.v1.sample.metadata"
@@ -70,15 +72,17 @@ class VllmV1Backend:
 
     name = "vllm-v1"
     devices = ("cpu", "cuda")
+    device_batches = True  # takes batches built on its device (harness.device_trials)
 
     def __init__(self, max_generators: int = 4096, use_fp64_gumbel: bool = False):
         self.device = "cpu"
         self.max_generators = max_generators
         self.use_fp64_gumbel = use_fp64_gumbel
+        self._memo = LogitsMemo()  # logits-derived tensors, reused across a device batch's chunks
         self._fn, self._params, self._metadata_cls = _discover()
 
     def supports(self, batch) -> str | None:
-        methods = np.unique(batch.methods)
+        methods = np.unique(host(batch.methods))
         if methods.size > 1:
             return "mixes verification methods in one batch (vLLM V1 verifies a batch with one method)"
         method = Method(int(methods[0]))
@@ -87,7 +91,7 @@ class VllmV1Backend:
         if method is Method.SYNTHETIC:
             if "synthetic_mode" not in self._params:
                 return "this vLLM's V1 rejection_sample has no synthetic mode"
-            rates = np.asarray(batch.synthetic_rates)
+            rates = host(batch.synthetic_rates)
             if not np.all(rates == rates[0]):
                 return "per-request synthetic rates (vLLM V1 takes one rate vector per batch)"
         return None
@@ -99,69 +103,80 @@ class VllmV1Backend:
         if reason:
             raise ValueError(f"{self.name}: cannot verify this batch: {reason}")
         device = self.device
-        cu = np.asarray(batch.cu_num_drafts, dtype=np.int64)
+        f = batch.to_torch(device)
+        cu = host(batch.cu_num_drafts).astype(np.int64)
         b, counts = cu.size - 1, np.diff(cu)
         width = int(batch.max_drafts) + 1
-        temperature = np.asarray(batch.temperature, dtype=np.float64)
+        temperature = host(batch.temperature).astype(np.float64)
+        seeds = host(batch.seeds)
         bonus_rows = cu[1:] + np.arange(b)
         draft_rows = np.delete(np.arange(int(cu[-1]) + b), bonus_rows)
 
         def t(x):
             return torch.from_numpy(np.ascontiguousarray(x)).to(device)
 
-        bonus = self._bonus_tokens(batch, bonus_rows, t)
+        bonus = self._bonus_tokens(f, batch.vocab_size, temperature, t(bonus_rows))
         max_spec_len = int(counts.max(initial=0))
-        if max_spec_len == 0:  # no drafts anywhere: V1 never reaches the rejection sampler
+        if max_spec_len == 0:  # no drafts at all: V1 never reaches the rejection sampler
             tokens = torch.full((b, width), -1, dtype=torch.int64, device=device)
             tokens[:, 0] = bonus
             return tokens, torch.ones(b, dtype=torch.int64, device=device)
-
-        draft_temperature = np.repeat(np.where(temperature > 0, temperature, 1.0), counts)
-        target = t(np.asarray(batch.target_logits, dtype=np.float32)[draft_rows]) / t(draft_temperature.astype(np.float32))[:, None]
+        draft_temperature = t(np.repeat(np.where(temperature > 0, temperature, 1.0), counts).astype(np.float32))
+        rows = t(draft_rows)
+        target = self._memo.get(
+            "target", f["target_logits"], rows, lambda: f["target_logits"][rows].to(torch.float32) / draft_temperature[:, None]
+        )
         draft_probs = None
-        if batch.draft_logits is not None:
-            probs = torch.softmax(
-                t(np.asarray(batch.draft_logits, dtype=np.float32)) / t(draft_temperature.astype(np.float32))[:, None], -1
-            )
-            draft_probs = torch.zeros((probs.shape[0], batch.vocab_size), dtype=torch.float32, device=device)
-            draft_probs[:, : probs.shape[1]] = probs  # ids the draft lacks have probability 0
+        if f["draft_logits"] is not None:
+
+            def probs():
+                p = torch.softmax(f["draft_logits"].to(torch.float32) / draft_temperature[:, None], -1)
+                padded = torch.zeros((p.shape[0], batch.vocab_size), dtype=torch.float32, device=device)
+                padded[:, : p.shape[1]] = p  # ids the draft lacks have probability 0
+                return padded
+
+            draft_probs = self._memo.get("draft", f["draft_logits"], draft_temperature, probs)
         kwargs = {}
-        method = Method(int(batch.methods[0]))
+        method = Method(int(host(batch.methods)[0]))
         if method is Method.SYNTHETIC:
-            kwargs = dict(synthetic_mode=True, synthetic_conditional_rates=t(np.asarray(batch.synthetic_rates[0], dtype=np.float32)))
+            kwargs = dict(synthetic_mode=True, synthetic_conditional_rates=f["synthetic_rates"][0].to(torch.float32))
         if self.use_fp64_gumbel and "use_fp64_gumbel" in self._params:
             kwargs["use_fp64_gumbel"] = True
-
         seeded = b <= self.max_generators
         generators = {}
         if seeded:
             for i in np.flatnonzero(counts > 0):  # requests without drafts consume nothing
-                generators[int(i)] = torch.Generator(device=device).manual_seed(int(batch.seeds[i]))
+                generators[int(i)] = torch.Generator(device=device).manual_seed(int(seeds[i]))
         metadata = self._sampling_metadata(t(temperature.astype(np.float32)), temperature, generators)
         cuda_devices = [] if device == "cpu" else [torch.device(device).index or torch.cuda.current_device()]
         with torch.random.fork_rng(devices=cuda_devices), torch.no_grad():
             if not seeded:
-                torch.manual_seed(int(np.bitwise_xor.reduce(hash64(batch.seeds, batch.positions[bonus_rows]))))
+                torch.manual_seed(int(np.bitwise_xor.reduce(hash64(seeds, host(batch.positions)[bonus_rows]))))
             out = self._fn(
-                t(np.asarray(batch.draft_tokens, dtype=np.int32)), counts.tolist(), max_spec_len, t(cu[1:].astype(np.int32)),
+                f["draft_tokens"].to(torch.int32), counts.tolist(), max_spec_len, t(cu[1:].astype(np.int32)),
                 draft_probs, target, bonus[:, None].contiguous(), metadata, **kwargs,
             )  # fmt: skip
         tokens = torch.full((b, width), -1, dtype=torch.int64, device=device)
         tokens[:, : out.shape[1]] = out
         return tokens, (out != -1).sum(dim=1)  # V1 pre-fills with -1 and writes a contiguous prefix
 
-    def _bonus_tokens(self, batch, bonus_rows, t):
+    def _bonus_tokens(self, f, vocab: int, temperature, bonus_rows):
         """What the engine's sampler would hand V1: argmax (greedy) or a draw from softmax(logits / T)."""
         import torch
 
-        temperature = np.asarray(batch.temperature, dtype=np.float64)
-        logits = t(np.asarray(batch.target_logits)[bonus_rows].astype(np.float64))
-        greedy = t(temperature == 0)
-        probs = torch.softmax(logits / t(np.where(temperature > 0, temperature, 1.0))[:, None], dim=-1)
-        cdf = probs.cumsum(-1)
-        u = t(uniforms(batch.seeds, np.asarray(batch.positions)[bonus_rows], Stream.RESIDUAL))
-        drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=batch.vocab_size - 1)
-        return torch.where(greedy, logits.argmax(-1), drawn)
+        from harness.device_trials import uniforms as torch_uniforms
+
+        temps = torch.from_numpy(temperature).to(bonus_rows.device)
+
+        def cdf():
+            logits = f["target_logits"][bonus_rows].to(torch.float64)
+            probs = torch.softmax(logits / torch.where(temps > 0, temps, 1.0)[:, None], dim=-1)
+            return probs.cumsum(-1), logits.argmax(-1)
+
+        cdf, argmax = self._memo.get("bonus", f["target_logits"], torch.cat([bonus_rows.to(torch.float64), temps]), cdf)
+        u = torch_uniforms(f["seeds"].to(torch.int64), f["positions"].to(torch.int64)[bonus_rows], Stream.RESIDUAL)
+        drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=vocab - 1)
+        return torch.where(temps == 0, argmax, drawn)
 
     def _sampling_metadata(self, temperature_tensor, temperature, generators):
         """Only temperature / all_greedy / all_random / generators are read by rejection_sample;

@@ -1,0 +1,123 @@
+"""Time to verdict of one full-power scenario, and the harness's share of it (issue 8).
+
+For each backend, vocabulary V and draft count K: a standard scenario with one request
+template of K fixed drafts (fp32 logits, near-target draft), verified at the ``gpu`` profile
+(every check detects TV >= 0.01 at alpha = 1e-6 with power 0.99). Timed, after one warm-up
+chunk (kernel compilation):
+
+* plan: materialize the template and compute the exact laws (host, float64);
+* sample: build the trials on the device, call the backend, tally on the device;
+* backend: the part of ``sample`` inside the backend's own ``sample`` call (synchronized);
+* verdict: evaluate every planned check.
+
+Time to verdict = plan + sample + verdict; harness overhead = 1 - backend / verdict time.
+
+Run on a GPU machine: ``python benchmarks/bench_verdict.py --json OUT.json`` (vLLM from the
+installed package or ``SPECDEC_VLLM_SRC``).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from harness.environment import describe  # noqa: E402
+from harness.profiles import get_profile  # noqa: E402
+from harness.runner import load_for_device, planned_trials, sample_scenario  # noqa: E402
+from harness.scenarios import RequestSpec, Scenario  # noqa: E402
+
+BACKENDS = ("triton", "vllm-mrv2", "vllm-v1")
+DRAFTS = (1, 4, 8)
+VOCABS = (32000, 131072, 152064)
+
+
+class Timed:
+    """The backend, with the time spent inside its ``sample`` calls (device synchronized)."""
+
+    def __init__(self, backend):
+        self.backend, self.seconds, self.calls = backend, 0.0, 0
+        self.device, self.device_batches = backend.device, getattr(backend, "device_batches", False)
+
+    def supports(self, batch):
+        return self.backend.supports(batch) if hasattr(self.backend, "supports") else None
+
+    def sample(self, batch):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = self.backend.sample(batch)
+        torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        return out
+
+
+def scenario(vocab: int, k: int) -> Scenario:
+    return Scenario(
+        name=f"verdict-V{vocab}-K{k}", method="standard", vocab_size=vocab, requests=(RequestSpec(k, 1.0, "peaked", "near-target"),)
+    )
+
+
+def measure(backend, s: Scenario, profile) -> dict:
+    t0 = time.perf_counter()
+    templates, checks, count = planned_trials(s, profile)
+    t1 = time.perf_counter()
+    timed = Timed(backend)
+    tallies = sample_scenario(timed, s, templates, count, profile)
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    verdicts = [c.evaluate(tallies[c.template], np.random.default_rng(0)) for c in checks]
+    t3 = time.perf_counter()
+    total = t3 - t0
+    return {
+        "trials": count,
+        "calls": timed.calls,
+        "checks": len(checks),
+        "passed": all(v.passed is not False for v in verdicts),
+        "failed": [c.name for c, v in zip(checks, verdicts) if v.passed is False],
+        "plan_s": t1 - t0,
+        "sample_s": t2 - t1,
+        "backend_s": timed.seconds,
+        "verdict_s": t3 - t2,
+        "time_to_verdict_s": total,
+        "overhead": 1 - timed.seconds / total,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", required=True, help="write the results here")
+    ap.add_argument("--backend", action="append", help=f"default: {', '.join(BACKENDS)}")
+    ap.add_argument("--vocab", type=int, action="append", help=f"default: {VOCABS}")
+    ap.add_argument("--drafts", type=int, action="append", help=f"default: {DRAFTS}")
+    args = ap.parse_args()
+    profile = get_profile("gpu")
+    rows = []
+    for name in args.backend or BACKENDS:
+        try:
+            backend = load_for_device(name, "cuda")
+        except Exception as e:  # a backend that cannot load is reported, the others still run
+            rows.append({"backend": name, "error": str(e)})
+            continue
+        for vocab in args.vocab or VOCABS:
+            for k in args.drafts or DRAFTS:
+                s = scenario(vocab, k)
+                templates, _, _ = planned_trials(s, profile)
+                sample_scenario(backend, s, templates, 64, profile)  # warm-up: compile the kernels
+                row = {"backend": name, "vocab": vocab, "drafts": k, **measure(backend, s, profile)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                torch.cuda.empty_cache()
+    out = {"command": " ".join(sys.argv), "environment": describe(), "profile": profile.name, "results": rows}
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

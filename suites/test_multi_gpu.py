@@ -1,0 +1,54 @@
+"""Several GPUs: work sharded one GPU per worker, results independent of the sharding."""
+
+import pytest
+
+from harness import device
+from harness.catalog import catalog
+from harness.profiles import get_profile
+from harness.runner import _sample_backend, planned_trials, run
+
+
+def test_each_xdist_worker_gets_one_of_the_visible_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
+    device.pin_xdist_worker_gpu()
+    assert device.visible_gpus() == ["3"]  # gw2 -> the first of two GPUs again
+
+
+def test_a_single_gpu_is_left_alone(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    device.pin_xdist_worker_gpu()
+    assert device.visible_gpus() == ["7"]
+
+
+def test_sharded_sampling_returns_every_outcome_in_catalog_order():
+    profile = get_profile("smoke")
+    scenarios = catalog(profile, 0)[:5]
+    work = [(s, min(planned_trials(s, profile)[2], 300)) for s in scenarios]
+    one = _sample_backend("reference", work, profile, "cpu", False, 60.0, 1, None)
+    three = _sample_backend("reference", work, profile, "cpu", False, 60.0, 3, None)
+    assert [o[0] for o in three] == ["tallies"] * len(work)
+    for a, b in zip(one, three):
+        assert all((x.outcome == y.outcome).all() and x.trials == y.trials for x, y in zip(a[1], b[1]))
+
+
+def test_several_gpus_need_isolated_cuda_workers():
+    profile = get_profile("smoke")
+    with pytest.raises(ValueError, match="gpus > 1 needs worker isolation on a CUDA device"):
+        run(["reference"], catalog(profile, 0)[:1], profile, gpus=2, device="cpu", isolate=True)
+
+
+@pytest.mark.gpu
+def test_two_gpus_give_the_same_records_as_one():
+    """Needs two CUDA devices: the same run sharded over both equals the one-GPU run."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs at least two CUDA devices")
+    profile = get_profile("ci")
+    scenarios = [s for s in catalog(profile, 0) if s.name in ("standard-near-target", "block-fixed", "synthetic-rates", "greedy-ragged")]
+    one = run(["triton"], scenarios, profile, device="cuda", isolate=True, gpus=1)
+    two = run(["triton"], scenarios, profile, device="cuda", isolate=True, gpus=2)
+    key = [(r.scenario, r.template, r.check, r.verdict, r.statistic, r.p_value) for r in one.records]
+    assert key == [(r.scenario, r.template, r.check, r.verdict, r.statistic, r.p_value) for r in two.records]
