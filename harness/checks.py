@@ -71,8 +71,9 @@ def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float =
     """Trials and bins for a chi-square test: pool at the trial count that the pooled df needs."""
     probs = np.asarray(expected_probs, dtype=np.float64).ravel()
     n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(int((probs > 0).sum()) - segments, 1), steps)
+    pooling = stats.Pooling(probs)  # sorted once for every round
     for _ in range(MAX_POOLING_ROUNDS):
-        bins = stats.pool_cells_capped(probs * n)
+        bins = pooling.capped(stats.MAX_BINS, n)
         df = max(int(bins.max(initial=-1)) + 1 - segments, 1)
         needed = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
         if needed >= n:
@@ -81,15 +82,17 @@ def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float =
     return n, bins, df
 
 
-def _cells_summary(labels, observed, expected, bins, limit=12):
+def _cells_summary(label, observed, expected, bins, limit=12):
+    """The ``limit`` most expected pooled cells, named by ``label(cell)`` (a function: large
+    vocabularies have 10^6 cells, of which a dozen are named)."""
     o, e = stats.pooled(observed, bins), stats.pooled(expected, bins)
-    names = {}
-    for cell, b in enumerate(bins):
-        if b >= 0:
-            names.setdefault(int(b), []).append(labels[cell])
     order = np.argsort(-e, kind="stable")
     shown = order[:limit]
-    rows = [(" + ".join(names[int(b)][:3]) + (" + …" if len(names[int(b)]) > 3 else ""), float(o[b]), float(e[b])) for b in shown]
+    rows = []
+    for b in shown:
+        members = np.flatnonzero(bins == b)
+        name = " + ".join(label(int(c)) for c in members[:3]) + (" + …" if members.size > 3 else "")
+        rows.append((name, float(o[b]), float(e[b])))
     if order.size > limit:
         rest = order[limit:]
         rows.append((f"all {rest.size} other cells", float(o[rest].sum()), float(e[rest].sum())))
@@ -99,7 +102,7 @@ def _cells_summary(labels, observed, expected, bins, limit=12):
     return rows
 
 
-def _gof(name, template, probs, labels, profile, source, segments=None, reach=None) -> Check:
+def _gof(name, template, probs, label, profile, source, segments=None, reach=None) -> Check:
     """A chi-square check over ``probs`` cells (conditional per segment when ``segments``)."""
     probs = np.asarray(probs, dtype=np.float64).ravel()
     seg = np.zeros(probs.size, dtype=np.int64) if segments is None else segments.ravel()
@@ -126,7 +129,7 @@ def _gof(name, template, probs, labels, profile, source, segments=None, reach=No
                 stats.exact_detectable_rate(profile.power, trials),
                 bad / max(trials, 1), None,
                 f"{bad} of {trials} trials left the deterministic outcome" if bad else "every trial gave the deterministic outcome",
-                _cells_summary(labels, observed, expected, bins),
+                _cells_summary(label, observed, expected, bins),
             )  # fmt: skip
         r = stats.chi_square_test(observed, expected, bins, seg, rng)
         detect = stats.detectable_tv(profile.alpha, profile.power, df, trials, steps)
@@ -135,7 +138,7 @@ def _gof(name, template, probs, labels, profile, source, segments=None, reach=No
             msg = f"{r.impossible} observation(s) in zero-probability cells; " + msg
         return Verdict(
             "gof", r.p_value > profile.alpha, r.statistic, r.df, r.p_value, profile.alpha, trials,
-            detect, r.tv_estimate, r.tv_ci, msg, _cells_summary(labels, observed, expected, bins),
+            detect, r.tv_estimate, r.tv_ci, msg, _cells_summary(label, observed, expected, bins),
         )  # fmt: skip
 
     def detectable(n):
@@ -144,8 +147,16 @@ def _gof(name, template, probs, labels, profile, source, segments=None, reach=No
     return Check(name, template, design, evaluate, detectable, cells)
 
 
-def _outcome_labels(d, vocab):
-    return [f"n={n},y={y}" for n in range(d + 1) for y in range(vocab)]
+def _step_label(d, vocab):
+    def label(cell):
+        j, a, y = cell // (2 * vocab), cell // vocab % 2, cell % vocab
+        return f"step {j} {'acc' if a == 0 else ('bonus' if j == d else 'rej')} y={y}"
+
+    return label
+
+
+def _outcome_label(vocab):
+    return lambda cell: f"n={cell // vocab},y={cell % vocab}"
 
 
 def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> list[Check]:
@@ -171,14 +182,14 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
             continue
         if t.drafts is not None:
             law = laws.fixed_draft_law(t.method, target, visible, t.drafts[:d_eff], rates)
-            checks.append(_gof("outcome-law", i, law, _outcome_labels(d_eff, vocab), profile, _outcomes))
+            checks.append(_gof("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
         elif t.method is Method.BLOCK:
             try:
                 law = laws.sampled_draft_law(t.method, target, t.sampling_probs()[:d_eff], scenario.draft_probs)
             except ValueError as e:
                 checks.append(_skipped("outcome-law", i, str(e)))
                 continue
-            checks.append(_gof("outcome-law", i, law, _outcome_labels(d_eff, vocab), profile, _outcomes))
+            checks.append(_gof("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
         else:
             steps = laws.position_laws(t.method, target, t.sampling_probs()[:d_eff], scenario.draft_probs, rates)
             law = np.zeros((d_eff + 1, vocab))
@@ -187,13 +198,7 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
                 law[j] = reach[j] * steps[j, 1]
             law[d_eff] = reach[d_eff] * target[d_eff]
             seg = np.repeat(np.arange(d_eff + 1), 2 * vocab).reshape(d_eff + 1, 2, vocab)
-            labels = [
-                f"step {j} {'acc' if a == 0 else ('bonus' if j == d_eff else 'rej')} y={y}"
-                for j in range(d_eff + 1)
-                for a in range(2)
-                for y in range(vocab)
-            ]
-            checks.append(_gof("position-law", i, steps, labels, profile, _steps, seg, reach))
+            checks.append(_gof("position-law", i, steps, _step_label(d_eff, vocab), profile, _steps, seg, reach))
         if d_eff > 0:
             checks.append(_length_check(i, law.sum(axis=-1), profile))
     return checks
@@ -223,8 +228,7 @@ def _structure_check(i, profile) -> Check:
 
 
 def _length_check(i, length_law, profile) -> Check:
-    labels = [f"accepted={n}" for n in range(len(length_law))]
-    check = _gof("acceptance-length", i, length_law, labels, profile, _lengths)
+    check = _gof("acceptance-length", i, length_law, lambda cell: f"accepted={cell}", profile, _lengths)
     inner = check.evaluate
 
     def evaluate(tally: TemplateTally, rng) -> Verdict:

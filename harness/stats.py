@@ -89,38 +89,73 @@ def pool_cells(expected: np.ndarray, min_expected: float = MIN_EXPECTED) -> np.n
     expectation, are merged into bins of at least ``min_expected`` each; a final short bin
     joins the previous one.
     """
-    expected = np.asarray(expected, dtype=np.float64).ravel()
-    bins = np.full(expected.size, -1, dtype=np.int64)
-    order = np.argsort(-expected, kind="stable")
-    order = order[expected[order] > 0]
-    big = order[expected[order] >= min_expected]
-    bins[big] = np.arange(big.size)
-    next_bin, acc, members = big.size, 0.0, []
-    for cell in order[big.size :]:
-        members.append(cell)
-        acc += expected[cell]
-        if acc >= min_expected:
-            bins[members] = next_bin
-            next_bin, acc, members = next_bin + 1, 0.0, []
-    if members:
-        bins[members] = max(next_bin - 1, 0) if next_bin > 0 else 0
-    return bins
+    pooling = Pooling(expected)
+    return pooling.bins(min_expected)
+
+
+class Pooling:
+    """Cells sorted once by decreasing expectation, pooled at any threshold: a large
+    vocabulary has 10^6 cells and ``capped`` tries ~60 thresholds. ``expected`` may be
+    probabilities: ``capped(max_bins, trials)`` pools the expected counts ``trials * p``."""
+
+    def __init__(self, expected):
+        self.expected = np.asarray(expected, dtype=np.float64).ravel()
+        order = np.argsort(-self.expected, kind="stable")
+        self.order = order[self.expected[order] > 0]  # possible cells only
+        self.values = self.expected[self.order]
+        self.running = np.cumsum(self.values)
+
+    def _edges(self, min_expected: float, limit: int | None = None) -> tuple[int, list[int]]:
+        """(cells alone, sorted positions where each pooled bin closes): a bin closes where
+        the running sum since the previous one reaches ``min_expected`` (one binary search
+        per bin, not a Python step per cell). Stops early past ``limit`` bins."""
+        alone = int(np.searchsorted(-self.values, -min_expected, side="right"))
+        ends, base = [], self.running[alone - 1] if alone else 0.0
+        while limit is None or alone + len(ends) <= limit:
+            end = int(np.searchsorted(self.running, base + min_expected, side="left"))
+            if end >= self.values.size:
+                return alone, ends
+            ends.append(end)
+            base = self.running[end]
+        return alone, ends
+
+    def count(self, min_expected: float, limit: int | None = None) -> int:
+        """Bins at this threshold (any number above ``limit`` when it stops early)."""
+        alone, ends = self._edges(min_expected, limit)
+        if alone + len(ends) == 0 and self.values.size:
+            return 1  # every possible cell in one short bin
+        return alone + len(ends)
+
+    def capped(self, max_bins: int = MAX_BINS, trials: float = 1.0) -> np.ndarray:
+        """Bins of the expected counts ``trials * expected`` at the smallest per-bin
+        expectation (>= MIN_EXPECTED) that leaves at most ``max_bins`` bins."""
+        lo = MIN_EXPECTED / trials  # thresholds on ``expected``: a count m is m / trials of it
+        if self.count(lo, max_bins) <= max_bins:
+            return self.bins(lo)
+        hi = max(float(np.sum(self.expected)), lo)
+        for _ in range(60):  # bisect the threshold: fewer bins as it grows
+            mid = (lo + hi) / 2
+            if self.count(mid, max_bins) <= max_bins:
+                hi = mid
+            else:
+                lo = mid
+        return self.bins(hi)
+
+    def bins(self, min_expected: float) -> np.ndarray:
+        alone, ends = self._edges(min_expected)
+        out = np.full(self.expected.size, -1, dtype=np.int64)
+        out[self.order[:alone]] = np.arange(alone)
+        rest = np.arange(alone, self.values.size)
+        pooled_bin = alone + np.searchsorted(np.asarray(ends, dtype=np.int64), rest, side="left")
+        # A final short bin joins the previous one (bin 0 when there is none).
+        out[self.order[alone:]] = np.minimum(pooled_bin, max(alone + len(ends) - 1, 0))
+        return out
 
 
 def pool_cells_capped(expected: np.ndarray, max_bins: int = MAX_BINS) -> np.ndarray:
     """``pool_cells`` with the smallest per-bin expectation (>= MIN_EXPECTED) that leaves at
     most ``max_bins`` bins: still decided by expected counts alone."""
-    bins = pool_cells(expected)
-    if bins.max(initial=-1) + 1 <= max_bins:
-        return bins
-    lo, hi = MIN_EXPECTED, float(np.sum(expected))
-    for _ in range(60):  # bisect the threshold: fewer bins as it grows
-        mid = (lo + hi) / 2
-        if pool_cells(expected, mid).max(initial=-1) + 1 <= max_bins:
-            hi = mid
-        else:
-            lo = mid
-    return pool_cells(expected, hi)
+    return Pooling(expected).capped(max_bins)
 
 
 def pooled(values: np.ndarray, bins: np.ndarray) -> np.ndarray:
@@ -174,13 +209,17 @@ def _tv_with_ci(observed, expected, seg, rng, reps: int = 200):
         return 0.0, (0.0, 0.0)
     tv = 0.5 * float(np.abs(observed - expected).sum()) / n
     rng = rng if rng is not None else np.random.default_rng(0)
+    # Resampled counts are 0 wherever nothing was observed: those cells add |0 - expected|
+    # to every replicate, so only observed cells are resampled (few, of 10^6 at large V).
+    seen = observed > 0
+    unseen = float(expected[~seen].sum())
+    observed, expected, seg = observed[seen], expected[seen], seg[seen]
     sims = np.zeros((reps, observed.size))
     for s in np.unique(seg):
         idx = np.flatnonzero(seg == s)
         size = int(observed[idx].sum())
-        if size:
-            sims[:, idx] = rng.multinomial(size, observed[idx] / size, size=reps)
-    boots = 0.5 * np.abs(sims - expected).sum(axis=1) / n
+        sims[:, idx] = rng.multinomial(size, observed[idx] / size, size=reps)
+    boots = 0.5 * (np.abs(sims - expected).sum(axis=1) + unseen) / n
     lo, hi = np.quantile(boots, [0.025, 0.975])
     return tv, (float(lo), float(hi))
 
