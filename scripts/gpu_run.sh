@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Verify on an air-gapped GPU machine (no package access): the vLLM trees and wheels travel
 # in vendor/ (scripts/build_vllm_tree.py; vendor/suite-wheels from `pip download`).
-# Usage: OUT=/some/dir bash scripts/gpu_run.sh   -> $OUT/gpu_results.tgz (logs, JSON, reports)
+# Usage: OUT=/some/dir [STEPS="verdict runs pytest kernels"] bash scripts/gpu_run.sh
+#   -> $OUT/gpu_results.tgz (logs, JSON, reports)
 set -u
 OUT=${OUT:-reports/gpu}
+STEPS=${STEPS:-verdict runs pytest kernels}
 WORK=/tmp/gpu-results
 mkdir -p "$OUT" "$WORK" /tmp/vdeps
 for w in vendor/wheelhouse/*.whl vendor/suite-wheels/*.whl; do
@@ -16,12 +18,16 @@ step() {  # step NAME TIMEOUT CMD...: run with a time limit, log, note the exit 
   timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
   echo "[$name] exit $? after $(( $(date +%s) - start )) s (limit $limit s)" | tee -a "$WORK/steps.txt"
 }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
 { nvidia-smi; python -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$WORK/machine.txt" 2>&1
-step bench_kernels "${BENCH_TIMEOUT:-110}" python benchmarks/bench_kernels.py --json "$WORK/bench_kernels.json"
-step pytest_gpu "${PYTEST_TIMEOUT:-200}" python -m pytest suites/ -m gpu -q -p no:cacheprovider -rA --deselect suites/test_fuzz.py::test_gpu_backends_at_scale
-for b in triton vllm-mrv2 vllm-v1; do
-  step "run_gpu_$b" "${RUN_TIMEOUT:-70}" python -m harness run --backend "$b" --profile gpu --device cuda \
-    --exclude standard-large-vocab --out "$WORK/run-gpu-$b" --no-progress
-done
+has verdict && step bench_verdict "${VERDICT_TIMEOUT:-240}" python benchmarks/bench_verdict.py --json "$WORK/bench_verdict.json"
+if has runs; then
+  for b in triton vllm-mrv2 vllm-v1; do
+    step "run_gpu_$b" "${RUN_TIMEOUT:-120}" python -m harness run --backend "$b" --profile gpu --device cuda \
+      --out "$WORK/run-gpu-$b" --no-progress
+  done
+fi
+has pytest && step pytest_gpu "${PYTEST_TIMEOUT:-300}" python -m pytest suites/ -m gpu -q -p no:cacheprovider -rA --durations=25
+has kernels && step bench_kernels "${BENCH_TIMEOUT:-110}" python benchmarks/bench_kernels.py --json "$WORK/bench_kernels.json"
 tar -czf "$OUT/gpu_results.tgz" -C "$WORK" .
 cat "$WORK/steps.txt"
