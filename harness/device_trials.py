@@ -100,6 +100,7 @@ class DeviceTrials:
         self.methods = put(np.array([t.method for t in templates], dtype=np.int8))
         self.rates = put(conditional_rates(s)) if s.synthetic is not None else None
         self._tiled = (None, None, None)  # (count, target, draft): the last chunk size's logits
+        self.drafts = None  # [trials, T, K], drawn by ``prepare``
 
     def logits(self, count: int):
         if self._tiled[0] != count:
@@ -108,27 +109,45 @@ class DeviceTrials:
             self._tiled = (count, self.target_block.repeat(count, 1), draft)
         return self._tiled[1], self._tiled[2]
 
-    def chunk(self, first: int, count: int) -> tuple[VerifyBatch, torch.Tensor]:
-        """(the batch, drafts ``[count, T, K]``): ``scenarios.trials(s, templates, first, count)`` on the device."""
-        s, dev, t_count, k = self.scenario, self.device, self.t_count, self.k
-        trial = first + torch.arange(count, device=dev)
-        req_index = trial[:, None] * t_count + torch.arange(t_count, device=dev)[None, :]  # [count, T]
-        drafts = self.fixed[None].repeat(count, 1, 1)
+    def prepare(self, total: int) -> None:
+        """Draw every trial's drafts, seeds and start positions for trials [0, total) at once:
+        a chunk is then a few slices (per-chunk integer work is launch-bound on a GPU)."""
+        s, dev, t_count = self.scenario, self.device, self.t_count
+        req_index = torch.arange(total, device=dev)[:, None] * t_count + torch.arange(t_count, device=dev)[None, :]
+        self.drafts = self.fixed[None].repeat(total, 1, 1)  # [total, T, K]
         for i, (cdf, last) in self.cdfs.items():
             d = cdf.shape[0]
             u = uniforms(hash64(s.seed, req_index[:, i], device=dev)[:, None], torch.arange(d, device=dev)[None, :], Stream.DRAFT)
             for j in range(d):
                 ids = torch.searchsorted(cdf[j], u[:, j] * cdf[j, -1], right=True)
-                drafts[:, i, j] = torch.minimum(ids, last[j])
-        flat_drafts = drafts.reshape(count, t_count * k)[:, self.draft_cols].reshape(-1)
+                self.drafts[:, i, j] = torch.minimum(ids, last[j])
         req = req_index.reshape(-1)
-        per_req = self.counts_t.repeat(count)
-        cu = torch.zeros(count * t_count + 1, dtype=torch.int64, device=dev)
-        cu[1:] = per_req.cumsum(0)
-        if s.positions == "random":
-            base = hash64(s.seed, req, 2, device=dev) % POSITION_RANGE
-        else:
-            base = torch.zeros_like(req)
+        self.seeds = hash64(s.seed, req, 1, device=dev)
+        self.base = hash64(s.seed, req, 2, device=dev) % POSITION_RANGE if s.positions == "random" else torch.zeros_like(req)
+        self._shape = {}  # count -> the fields every chunk of that size shares
+
+    def _shared(self, count: int) -> dict:
+        if count not in self._shape:
+            dev, t_count = self.device, self.t_count
+            cu = torch.zeros(count * t_count + 1, dtype=torch.int64, device=dev)
+            cu[1:] = self.counts_t.repeat(count).cumsum(0)
+            self._shape[count] = dict(
+                cu_num_drafts=cu,
+                temperature=self.temps.repeat(count),
+                methods=self.methods.repeat(count),
+                synthetic_rates=None if self.rates is None else self.rates[None].repeat(count * t_count, 1),
+            )
+        return self._shape[count]
+
+    def chunk(self, first: int, count: int) -> tuple[VerifyBatch, torch.Tensor]:
+        """(the batch, drafts ``[count, T, K]``): ``scenarios.trials(s, templates, first, count)``
+        on the device, for trials inside ``prepare``'s range."""
+        s, dev, t_count, k = self.scenario, self.device, self.t_count, self.k
+        last = first + count
+        if self.drafts is None or last > self.drafts.shape[0]:
+            self.prepare(last)
+        drafts = self.drafts[first:last]
+        base = self.base[first * t_count : last * t_count]
         positions = (base.view(count, t_count)[:, self.row_template] + self.row_step).reshape(-1)
         slots = None
         if s.slots == "permuted":  # as scenarios.trials: a state table twice the batch
@@ -137,16 +156,13 @@ class DeviceTrials:
         batch = VerifyBatch(
             target_logits=target,
             draft_logits=draft,
-            draft_tokens=flat_drafts,
-            cu_num_drafts=cu,
-            temperature=self.temps.repeat(count),
-            seeds=hash64(s.seed, req, 1, device=dev),
+            draft_tokens=drafts.reshape(count, t_count * k)[:, self.draft_cols].reshape(-1),
+            seeds=self.seeds[first * t_count : last * t_count],
             positions=positions,
-            methods=self.methods.repeat(count),
-            synthetic_rates=None if self.rates is None else self.rates[None].repeat(count * t_count, 1),
             max_drafts=k,
             request_slots=slots,
             logits_dtype=s.dtype,
+            **self._shared(count),
         )
         return batch, drafts
 

@@ -103,17 +103,18 @@ def _sample_on_device(backend, scenario: Scenario, templates, count: int, profil
 
     device = getattr(backend, "device", "cpu")
     built = DeviceTrials(scenario, templates, device)
-    tally = DeviceTally([t.effective_drafts for t in templates], scenario.vocab_size, scenario.max_drafts, device)
+    built.prepare(count)
+    tally = DeviceTally([t.effective_drafts for t in templates], scenario.vocab_size, count, scenario.max_drafts, device)
     budget = profile.chunk_elements if device == "cpu" else profile.device_chunk_elements
     chunk = min(_chunk_trials(scenario, templates, budget), count)
     done = 0
     while done < count:
         n = min(chunk, count - done)
-        batch, drafts = built.chunk(done, n)
+        batch, _ = built.chunk(done, n)
         tokens, emitted = checked_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts)
-        tally.add(tokens, emitted, drafts, done)
+        tally.add(tokens, emitted, done)
         done += n
-    return tally.finish()
+    return tally.finish(built.drafts)
 
 
 def split_source(name: str) -> tuple[str, str | None]:

@@ -36,6 +36,7 @@ def test_device_batches_equal_host_batches(name):
     s = SCENARIOS[name]
     templates = materialize(s)
     built = device_trials.DeviceTrials(s, templates, "cpu")
+    built.prepare(1007)
     for first, count in ((0, 5), (5, 5), (1000, 7)):
         host = trials(s, templates, first, count)
         batch, drafts = built.chunk(first, count)
@@ -68,8 +69,10 @@ def test_device_tally_equals_host_tally_including_violations():
     tokens[good, -1] = gen.integers(0, vocab, size=good.sum())
     host = [TemplateTally(t.effective_drafts, vocab) for t in templates]
     add_outputs(host, tokens, emitted, host_batch.drafts, 0)
-    dev = DeviceTally([t.effective_drafts for t in templates], vocab, k, "cpu")
-    dev.add(torch.from_numpy(tokens), torch.from_numpy(emitted), torch.from_numpy(host_batch.drafts), 0)
-    for h, d in zip(host, dev.finish()):
+    dev = DeviceTally([t.effective_drafts for t in templates], vocab, count, k, "cpu")
+    half = count // 2 * t_count  # two chunks, the second first: order must not matter
+    dev.add(torch.from_numpy(tokens[half:]), torch.from_numpy(emitted[half:]), count // 2)
+    dev.add(torch.from_numpy(tokens[:half]), torch.from_numpy(emitted[:half]), 0)
+    for h, d in zip(host, dev.finish(torch.from_numpy(host_batch.drafts))):
         assert h.violations > 0 and (h.trials, h.violations, h.example) == (d.trials, d.violations, d.example)
         assert np.array_equal(h.outcome, d.outcome) and np.array_equal(h.steps, d.steps)
