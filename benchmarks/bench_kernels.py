@@ -5,6 +5,11 @@ against the GPU's measured device-to-device copy bandwidth.
 Run on a GPU machine: ``python benchmarks/bench_kernels.py --json OUT.json`` (vLLM from the
 installed package or ``SPECDEC_VLLM_SRC``). Timings: ``triton.testing.do_bench`` medians.
 Bytes counted: every target row (fp32) and draft row (bf16) read once.
+
+Two ways of calling each implementation: eager (launched from Python every call, as
+``python -m harness`` calls backends) and ``NAME-graph``: the same call captured once in a
+CUDA graph and replayed (as engines run a decoding step: inputs already in the graph's
+static buffers, no host launch work). The graph column is the pipeline's device time.
 """
 
 import argparse
@@ -99,12 +104,27 @@ def mrv2_call(x, b, k, v):
     return call
 
 
+def graphed(call):
+    """``call`` captured in a CUDA graph (after warm-up on a side stream); returns its replay."""
+    call()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
+
+
 def main() -> int:
     from triton.testing import do_bench
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--backends", default="triton,vllm-mrv2")
+    ap.add_argument("--backends", default="triton,vllm-mrv2,triton-graph,vllm-mrv2-graph")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
@@ -121,7 +141,9 @@ def main() -> int:
                 row = {"B": b, "K": k, "V": v, "bytes": nbytes}
                 for name in args.backends.split(","):
                     try:
-                        ms = do_bench(makers[name](x, b, k, v), warmup=25, rep=200)
+                        base = name.removesuffix("-graph")
+                        call = makers[base](x, b, k, v)
+                        ms = do_bench(graphed(call) if name != base else call, warmup=25, rep=200)
                         row[name] = {"ms": ms, "TBps": nbytes / (ms * 1e-3) / 1e12, "of_copy": nbytes / (ms * 1e-3) / bandwidth}
                     except Exception as e:  # one backend failing to run a shape is its own result
                         row[name] = {"error": f"{type(e).__name__}: {e}"[:300]}

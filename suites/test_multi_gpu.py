@@ -45,7 +45,7 @@ def test_two_gpus_give_the_same_records_as_one():
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        pytest.skip("needs at least two CUDA devices")
+        pytest.skip("needs two visible CUDA devices (pytest -n pins one GPU per worker: run this test without -n)")
     profile = get_profile("ci")
     scenarios = [s for s in catalog(profile, 0) if s.name in ("standard-near-target", "block-fixed", "synthetic-rates", "greedy-ragged")]
     one = run(["triton"], scenarios, profile, device="cuda", isolate=True, gpus=1)
