@@ -36,6 +36,12 @@ def describe() -> dict:
     return env
 
 
+def backend_environment() -> dict:
+    """The versions a backend was loaded with, read in its own process: with ``NAME@PATH``
+    each worker binds its own vLLM tree, so the run's environment alone would name one."""
+    return {"vllm": _version("vllm"), "vllm_source": os.environ.get("SPECDEC_VLLM_SRC")}
+
+
 def _driver() -> str | None:
     try:
         out = subprocess.run(

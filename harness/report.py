@@ -24,6 +24,7 @@ def results_document(result, argv=None) -> dict:
         "trials": {f"{b}/{s}": n for (b, s), n in result.trials.items()},
         "counts": result.counts(),
         "environment": describe(),
+        "backend_environments": result.backend_environments,
         "scenarios": result.scenarios,
         "records": [r.to_dict() for r in result.records],
     }

@@ -39,6 +39,7 @@ class RunResult:
     backend_seconds: dict = field(default_factory=dict)
     trials: dict = field(default_factory=dict)  # (backend, scenario) -> trials per template
     scenarios: dict = field(default_factory=dict)  # name -> scenario as JSON data
+    backend_environments: dict = field(default_factory=dict)  # backend -> versions it loaded with (its worker's)
 
     @property
     def failed(self) -> bool:
@@ -160,6 +161,9 @@ def _in_process(name, work, profile, device, timeout):
     except Exception as e:  # a backend that cannot load is that backend's verdict
         yield None, ("load-error", str(e))
         return
+    from harness.environment import backend_environment
+
+    yield None, ("environment", backend_environment())
     for scenario, count in work:
         yield scenario, sample_one(backend, scenario, profile, count)
 
@@ -187,12 +191,12 @@ def run(
         raise ValueError("gpus > 1 needs worker isolation on a CUDA device (not --in-process, not --device cpu)")
     start = time.perf_counter()
     records: list[CheckRecord] = []
-    backend_seconds, trial_counts = {}, {}
+    backend_seconds, trial_counts, backend_environments = {}, {}, {}
     rng = np.random.default_rng(seed)
     plans = {id(s): planned_trials(s, profile)[1:] for s in scenarios}  # laws once per run
     work = [(s, plans[id(s)][1]) for s in scenarios]
     for name in backend_names:
-        outcomes = _sample_backend(name, work, profile, device, isolate, timeout, gpus, progress)
+        outcomes, backend_environments[name] = _sample_backend(name, work, profile, device, isolate, timeout, gpus, progress)
         elapsed = 0.0
         for scenario, outcome in zip(scenarios, outcomes):
             if outcome[0] == "load-error":  # the backend could not load: one record, the run goes on
@@ -213,15 +217,19 @@ def run(
         backend_seconds[name] = elapsed
     family = _apply_holm(records, profile.alpha)
     described = {s.name: s.to_dict() for s in scenarios}
-    return RunResult(records, profile, seed, family, time.perf_counter() - start, backend_seconds, trial_counts, described)
+    return RunResult(
+        records, profile, seed, family, time.perf_counter() - start, backend_seconds, trial_counts, described, backend_environments
+    )
 
 
-def _sample_backend(name, work, profile, device, isolate, timeout, gpus, progress) -> list:
-    """One outcome per work item, in order; a load failure ends the list with ("load-error", why)."""
+def _sample_backend(name, work, profile, device, isolate, timeout, gpus, progress) -> tuple[list, dict | None]:
+    """(one outcome per work item, in order, a load failure giving ("load-error", why);
+    the versions the backend loaded with, or None when it did not load)."""
     from harness.worker import sample_isolated
 
     shards = [list(range(g, len(work), gpus)) for g in range(gpus)] if gpus > 1 else [list(range(len(work)))]
     outcomes: list = [None] * len(work)
+    environments: list = []  # one per worker (the same unless workers differ)
     lock = threading.Lock()
 
     def serve(shard: list[int], gpu: int | None) -> None:
@@ -230,15 +238,19 @@ def _sample_backend(name, work, profile, device, isolate, timeout, gpus, progres
             stream = sample_isolated(name, items, profile, device, timeout, gpu=gpu)
         else:
             stream = _in_process(name, items, profile, device, timeout)
-        for i, (scenario, outcome) in zip(shard, stream):
+        pending = iter(shard)
+        for scenario, outcome in stream:
             with lock:
+                if outcome[0] == "environment":  # what the backend loaded with, before any scenario
+                    environments.append(outcome[1])
+                    continue
                 if scenario is None:  # every remaining item of this shard gets the load error
                     for j in shard:
                         outcomes[j] = outcomes[j] or outcome
                     if progress:
                         progress(sum(1 for j in shard if outcomes[j] is outcome))
                     return
-                outcomes[i] = outcome
+                outcomes[next(pending)] = outcome
                 if progress:
                     progress(1)
 
@@ -250,7 +262,7 @@ def _sample_backend(name, work, profile, device, isolate, timeout, gpus, progres
             t.join()
     else:
         serve(shards[0], None)
-    return outcomes
+    return outcomes, (environments[0] if environments else None)
 
 
 def _record(backend, scenario, check, v, repro) -> CheckRecord:

@@ -31,7 +31,9 @@ def _serve(conn, name, device, work, profile_fields, gpu=None):
     except Exception as e:
         conn.send(("load-error", str(e)))
         return
-    conn.send(("loaded",))
+    from harness.environment import backend_environment
+
+    conn.send(("loaded", backend_environment()))
     profile = Profile(**profile_fields)
     for data, count in work:
         conn.send(sample_one(backend, Scenario.from_dict(data), profile, count))
@@ -76,6 +78,7 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
         if first[0] != "loaded":
             yield None, ("load-error", first[1])
             return
+        yield None, ("environment", first[1])
         while remaining:
             outcome = _receive(parent, proc, timeout)
             yield remaining.pop(0)[0], outcome

@@ -26,8 +26,9 @@ def test_sharded_sampling_returns_every_outcome_in_catalog_order():
     profile = get_profile("smoke")
     scenarios = catalog(profile, 0)[:5]
     work = [(s, min(planned_trials(s, profile)[2], 300)) for s in scenarios]
-    one = _sample_backend("reference", work, profile, "cpu", False, 60.0, 1, None)
-    three = _sample_backend("reference", work, profile, "cpu", False, 60.0, 3, None)
+    one, env = _sample_backend("reference", work, profile, "cpu", False, 60.0, 1, None)
+    three, _ = _sample_backend("reference", work, profile, "cpu", False, 60.0, 3, None)
+    assert set(env) == {"vllm", "vllm_source"}  # the versions the backend loaded with
     assert [o[0] for o in three] == ["tallies"] * len(work)
     for a, b in zip(one, three):
         assert all((x.outcome == y.outcome).all() and x.trials == y.trials for x, y in zip(a[1], b[1]))
@@ -52,3 +53,12 @@ def test_two_gpus_give_the_same_records_as_one():
     two = run(["triton"], scenarios, profile, device="cuda", isolate=True, gpus=2)
     key = [(r.scenario, r.template, r.check, r.verdict, r.statistic, r.p_value) for r in one.records]
     assert key == [(r.scenario, r.template, r.check, r.verdict, r.statistic, r.p_value) for r in two.records]
+
+
+def test_each_backend_records_the_versions_its_worker_loaded():
+    """With NAME@PATH every worker binds its own vLLM tree: the run records each one's versions."""
+    from harness.environment import backend_environment
+
+    profile = get_profile("smoke")
+    result = run(["reference"], catalog(profile, 0)[:1], profile, isolate=True)
+    assert result.backend_environments == {"reference": backend_environment()}
