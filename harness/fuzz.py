@@ -1,38 +1,58 @@
 """Hypothesis strategies that draw *scenarios* (never raw arrays), and the fuzzing budget.
 
 Drawn: ragged draft counts (0 included), mixed greedy / standard / synthetic requests,
-temperatures near 0 and large, every distribution family (top-k truncation gives
+temperatures 0, near 0 and large, every distribution family (top-k truncation gives
 zero-probability tokens), explicit drafts with target or draft probability 0,
 placeholders, NaN and all-masked rows, a smaller draft vocabulary, fp32 / bf16 / fp16
 logits, scattered state slots, and vocabularies straddling kernel block sizes. Tensors
 are built by ``harness.scenarios.materialize`` from the drawn seed, so examples shrink
 to small, readable scenarios.
 
-Budget: a fuzz test has a family-wise false-alarm budget; every example gets
-``budget / max_examples`` of it, split by Holm over that example's statistical checks
-(``example_profile``).
+Budget: a fuzz test has a family-wise false-alarm budget; every example (explicit ones
+included) gets ``budget / examples`` of it, split by Holm over that example's statistical
+checks (``example_profile``).
+
+Replay: ``check_example`` saves a failing scenario under ``reports/fuzz-failures/`` and
+names the one-line command that reruns it: ``python -m harness run`` at a named profile,
+or ``python -m harness.fuzz`` (this module) at a fuzz profile's coarser detectable TV.
 """
 
+import argparse
 import dataclasses
 import os
+import shlex
+import sys
 
+import numpy as np
+from hypothesis import example
 from hypothesis import strategies as st
 
 from harness.checks import plan
-from harness.profiles import Profile
-from harness.scenarios import DRAFT_FAMILIES, TARGET_FAMILIES, RequestSpec, Scenario, materialize
+from harness.profiles import PROFILES, Profile, get_profile
+from harness.records import write_json_atomic
+from harness.runner import reproducer, run
+from harness.scenarios import DRAFT_FAMILIES, TARGET_FAMILIES, RequestSpec, Scenario, materialize, trials
+from reference.laws import MAX_ENUMERATED_DRAFTS
+from reference.methods import Method
 
 SMALL_VOCABS = (2, 3, 5, 8, 13)
-BOUNDARY_VOCABS = (1023, 1024, 1025)  # CPU: straddles 1024-wide tiles
-GPU_VOCABS = (8191, 8192, 8193, 152_064, 262_144)
+BOUNDARY_VOCABS = (1023, 1024, 1025)  # the Triton sampler's 1024-wide CPU tiles; vLLM MRV2's 1024-wide resample blocks
+VLLM_BLOCK_VOCABS = (8191, 8192, 8193)  # vLLM's 8192-wide vocabulary blocks (V1 recovery, MRV2 argmax / gumbel)
+GPU_VOCABS = BOUNDARY_VOCABS + VLLM_BLOCK_VOCABS + (152_064, 262_144)
+# The Triton sampler with 8-wide tiles in 2 or 3 splits: V = 7..25 crosses tile and split
+# edges the way V = 8191..8193 crosses real ones, at the interpreter's small-vocabulary cost.
+SMALL_TILE = 8
+TILE_VOCABS = (7, 8, 9, 15, 16, 17, 23, 24, 25)
 TEMPERATURES = (1e-4, 0.3, 1.0, 1.7, 10.0)
+BUDGET = 1e-6  # family-wise false-alarm budget of each statistical fuzz test
 
 
 @st.composite
-def request_specs(draw, vocab: int, drafts: str, methods: tuple[str, ...], max_drafts: int):
-    d = draw(st.integers(0, max_drafts))
+def request_specs(draw, vocab: int, drafts: str, methods: tuple[str, ...], max_drafts: int, min_drafts: int = 0):
+    d = draw(st.integers(min_drafts, max_drafts))
     method = draw(st.sampled_from(methods))
-    temperature = 0 if method == "greedy" else draw(st.sampled_from(TEMPERATURES))
+    # Temperature 0 for any method: greedy, and strict / block / synthetic verified greedily.
+    temperature = 0 if method == "greedy" else draw(st.sampled_from((0,) + TEMPERATURES))
     spec = dict(
         num_drafts=d,
         temperature=temperature,
@@ -50,15 +70,28 @@ def request_specs(draw, vocab: int, drafts: str, methods: tuple[str, ...], max_d
 
 
 @st.composite
-def scenarios(draw, vocabs=SMALL_VOCABS, methods=("greedy", "standard", "strict", "block", "synthetic"), max_drafts=4, max_requests=3):
-    """A whole scenario: one base method, possibly mixed with greedy / synthetic requests."""
+def scenarios(
+    draw,
+    vocabs=SMALL_VOCABS,
+    methods=("greedy", "standard", "strict", "block", "synthetic"),
+    max_drafts=4,
+    max_requests=3,
+    mates=("greedy", "synthetic"),
+    narrow_draft=True,
+    min_drafts=0,
+):
+    """A whole scenario: one base method; a greedy or standard base may be mixed with
+    ``mates`` requests. ``narrow_draft``: the draft vocabulary may be half the target's.
+    ``min_drafts``: every request has at least this many drafts."""
     vocab = draw(st.sampled_from(vocabs))
     base = draw(st.sampled_from(methods))
     drafts = draw(st.sampled_from(("fixed", "sampled")))
     if base == "block" and drafts == "sampled":
         max_drafts = min(max_drafts, 2)  # block's sampled-draft law is enumerated
-    allowed = tuple(m for m in (base, "greedy", "synthetic") if m in methods) if base in ("standard", "greedy") else (base,)
-    reqs = tuple(draw(st.lists(request_specs(vocab, drafts, allowed, max_drafts), min_size=1, max_size=max_requests)))
+        if vocab**max_drafts > MAX_ENUMERATED_DRAFTS:
+            drafts = "fixed"  # too many draft sequences to enumerate: the law check would be skipped
+    allowed = tuple(m for m in (base, *mates) if m in methods) if base in ("standard", "greedy") else (base,)
+    reqs = tuple(draw(st.lists(request_specs(vocab, drafts, allowed, max_drafts, min_drafts), min_size=1, max_size=max_requests)))
     k = max(r.num_drafts for r in reqs)
     synthetic = None
     if any(r.method == "synthetic" for r in reqs):
@@ -67,7 +100,7 @@ def scenarios(draw, vocabs=SMALL_VOCABS, methods=("greedy", "standard", "strict"
             synthetic = {"rates": rates}
         else:
             synthetic = {"mean_rate": draw(st.sampled_from((0.0, 0.3, 0.6, 1.0)))}
-    draft_vocab = draw(st.sampled_from((None, max(2, vocab // 2)))) if vocab > 2 else None
+    draft_vocab = draw(st.sampled_from((None, max(2, vocab // 2)))) if vocab > 2 and narrow_draft else None
     return Scenario(
         name="fuzz",
         method=base,
@@ -83,6 +116,48 @@ def scenarios(draw, vocabs=SMALL_VOCABS, methods=("greedy", "standard", "strict"
     )
 
 
+# --- known regressions, pinned as explicit examples (each named after the bug it guards against)
+R = RequestSpec
+GHSA_VOCAB_BOUNDARY = Scenario("fuzz", "standard", 1025, (R(2, 1.0, "topk", "disjoint"),), seed=8)  # GHSA-8wr5-jm2h-8r4f
+# The same advisory at vLLM's 8192-wide blocks: a fully masked target row and a NaN one,
+# whose last block holds one valid id: the output must stay in the vocabulary.
+GHSA_8192_BLOCK = Scenario(
+    "fuzz", "standard", 8193, (R(1, 1.0, "flat", "flat", masked_rows=(0,)), R(2, 0, method="greedy", nan_rows=(1,))), seed=9
+)
+ZERO_TARGET_DRAFT = Scenario("fuzz", "standard", 8, (R(2, 1.0, "topk", "disjoint"), R(1, 1.0, "topk", "disjoint")), seed=3)
+PLACEHOLDER_FIRST = Scenario("fuzz", "block", 6, (R(3, 1.0, placeholder_at=0),), seed=1)  # vLLM #46533 / #50939
+NAN_ROW = Scenario(
+    "fuzz", "standard", 20, (R(2, 1.0, nan_rows=(0,)), R(1, 0, masked_rows=(1,), method="greedy")), seed=2
+)  # #21876 / #53029
+# Found by this fuzzer: block verification's running ratio 0 * inf (a draft of target
+# probability 0, then one of draft probability 0) gave NaN; it must stay 0. The zeros are
+# float64 underflow at T = 1e-4: samplers taking ratios in log space disagree, see
+# ``undefined_ratio``.
+BLOCK_ZERO_TIMES_INF = Scenario("fuzz", "block", 2, (R(3, 1e-4, "peaked", "peaked", draft_ids=(1, 0, 0)),), seed=0)
+MIXED = Scenario(
+    "fuzz",
+    "standard",
+    5,
+    (R(2, 0, method="greedy"), R(3, 1e-4), R(2, 1.0, method="synthetic")),
+    synthetic={"rates": [0.9, 0.5, 0.2]},
+    slots="permuted",
+    dtype="bfloat16",
+    seed=5,
+)
+
+
+def pin(pinned, **others):
+    """``@example(scenario=s, **others)`` for every scenario in ``pinned``: the test's explicit
+    examples are exactly this tuple, so ``len(pinned)`` is what they add to the budget's family."""
+
+    def apply(test):
+        for s in reversed(pinned):
+            test = example(scenario=s, **others)(test)
+        return test
+
+    return apply
+
+
 def example_profile(base: Profile, scenario: Scenario, budget: float, max_examples: int) -> Profile:
     """The profile one example runs with: its share of the budget, split over its checks."""
     planned = plan(scenario, materialize(scenario), base)
@@ -90,6 +165,144 @@ def example_profile(base: Profile, scenario: Scenario, budget: float, max_exampl
     return dataclasses.replace(base, alpha=budget / max_examples / max(statistical, 1))
 
 
+def fuzz_profile(tv: float) -> Profile:
+    """``smoke``'s error rates at a coarser detectable TV, for samplers the CPU interpreter
+    runs one request at a time (vLLM's). It keeps the name ``smoke`` (the runner resolves
+    names); ``replay_command`` tells the two apart by the TV."""
+    return dataclasses.replace(get_profile("smoke"), tv=tv)
+
+
+def undefined_ratio(scenario: Scenario) -> bool:
+    """Whether a fixed draft meets an acceptance ratio the reference's float64 probabilities
+    leave undefined: a draft whose visible draft probability is 0 while its target
+    probability is 0 too (0/0), or, in block verification, an earlier draft's is (0 * inf).
+    Exact zeros (-inf logits) and underflow (T = 1e-4) alike: the reference rejects, while
+    samplers that take ratios in log space see a finite ratio (or a NaN) there. The
+    disagreements found are pinned in ``suites/test_fuzz_backends.py``."""
+    if not scenario.draft_probs or scenario.drafts != "fixed":
+        return False
+    for t in materialize(scenario):
+        d = t.effective_drafts
+        if d == 0 or t.spec.temperature == 0 or t.spec.degenerate or t.method not in (Method.STANDARD, Method.BLOCK):
+            continue
+        steps = np.arange(d)
+        p_zero = t.target_probs()[steps, t.drafts[:d]] == 0
+        q_zero = t.proposal_probs()[steps, t.drafts[:d]] == 0
+        if t.method is Method.BLOCK:
+            p_zero = np.cumsum(p_zero) > 0  # the running ratio is 0 from the first one on
+        if np.any(p_zero & q_zero):
+            return True
+    return False
+
+
+def support_reason(backend, scenario: Scenario) -> str | None:
+    """Why ``backend`` cannot run ``scenario`` (its ``supports`` on the first trial), or None."""
+    if not hasattr(backend, "supports"):
+        return None
+    return backend.supports(trials(scenario, materialize(scenario), 0, 1).batch)
+
+
+def without_mates(batch, keep):
+    """The requests ``keep`` (in that order) of ``batch``, with nothing else: same seeds,
+    positions, slots and logits."""
+    counts = batch.num_drafts
+    row_start = batch.cu_num_drafts[:-1] + np.arange(batch.num_requests)
+    rows = np.concatenate([np.arange(row_start[r], row_start[r] + counts[r] + 1) for r in keep])
+    drafts = np.concatenate([np.arange(batch.cu_num_drafts[r], batch.cu_num_drafts[r + 1]) for r in keep]).astype(np.int64)
+    return dataclasses.replace(
+        batch,
+        target_logits=batch.target_logits[rows],
+        draft_logits=None if batch.draft_logits is None else batch.draft_logits[drafts],
+        draft_tokens=batch.draft_tokens[drafts],
+        cu_num_drafts=np.concatenate([[0], np.cumsum(counts[keep])]).astype(np.int64),
+        temperature=batch.temperature[keep],
+        seeds=batch.seeds[keep],
+        positions=batch.positions[rows],
+        methods=batch.methods[keep],
+        synthetic_rates=None if batch.synthetic_rates is None else batch.synthetic_rates[keep],
+        request_slots=None if batch.request_slots is None else batch.request_slots[keep],
+    ).validate()
+
+
+class SmallTiles:
+    """The Triton sampler with ``SMALL_TILE``-wide vocabulary tiles over 2 splits (CPU)."""
+
+    name = "triton-small-tiles"
+    devices = ("cpu",)
+    splits = 2
+
+    def __init__(self):
+        from harness.backends.triton_sampler import TritonBackend
+
+        self.device = "cpu"
+        self._sampler = TritonBackend("cpu", block_v=SMALL_TILE, splits=self.splits)
+
+    def sample(self, batch):
+        return self._sampler.sample(batch)
+
+
+class SmallTiles3(SmallTiles):
+    """The Triton sampler with ``SMALL_TILE``-wide vocabulary tiles over 3 splits (CPU)."""
+
+    splits = 3
+
+
 def failure_path(test_name: str) -> str:
     """Where a failing (shrunk) scenario is saved; the last write is the minimal one."""
     return os.path.join("reports", "fuzz-failures", f"{test_name}.json")
+
+
+def replay_command(backend: str, profile: Profile, path: str, device: str = "cpu") -> str:
+    """The one-line command that reruns the saved scenario ``path`` at ``profile``."""
+    named = PROFILES.get(profile.name)
+    if named is not None and dataclasses.replace(named, alpha=profile.alpha) == profile:
+        return reproducer(backend, profile, 0, path, device)
+    cmd = ["python", "-m", "harness.fuzz", "--backend", backend, "--tv", repr(profile.tv), "--alpha", repr(profile.alpha)]
+    cmd += ["--scenario", path] + (["--device", device] if device != "cpu" else [])
+    return shlex.join(cmd)
+
+
+def check_example(backend: str, scenario: Scenario, base: Profile, examples: int, test_name: str, device: str = "cpu") -> str | None:
+    """Every check of one example at its share of ``BUDGET`` (``examples`` in the family).
+
+    Returns None when every check passed, else the failing checks and the command that
+    reproduces them (the scenario is saved under ``failure_path(test_name)``). A run in
+    which no check passed (the backend skipped the scenario) is a failure too: callers
+    reject unsupported scenarios before running them."""
+    profile = example_profile(base, scenario, BUDGET, examples)
+    result = run([backend], [scenario], profile, seed=0, device=device)
+    bad = [r for r in result.records if r.verdict in ("fail", "error")]
+    if not bad and result.counts()["pass"]:
+        return None
+    path = failure_path(test_name)
+    write_json_atomic(path, scenario.to_dict())
+    shown = bad or result.records
+    lines = [f"{r.check}[{r.template}]: {r.verdict}: {r.message}" for r in shown[:5]]
+    command = replay_command(backend, profile, path, device)
+    return f"{backend} failed on a fuzzed scenario ({path}):\n" + "\n".join(lines) + f"\nreproduce: {command}"
+
+
+def main(argv=None) -> int:
+    """``python -m harness.fuzz``: rerun a saved fuzz failure at the fuzz profile it ran with."""
+    parser = argparse.ArgumentParser(prog="python -m harness.fuzz", description=main.__doc__)
+    parser.add_argument("--backend", required=True, help="backend name, as for `python -m harness run`")
+    parser.add_argument("--scenario", required=True, help="scenario JSON saved by the fuzz test")
+    parser.add_argument("--tv", type=float, required=True, help="detectable TV of every check")
+    parser.add_argument("--alpha", type=float, required=True, help="per-check false-alarm rate (the example's share of the budget)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    args = parser.parse_args(argv)
+
+    from harness.device import configure_triton
+
+    configure_triton()  # before any backend module defines a @triton.jit kernel
+    with open(args.scenario) as f:
+        scenario = Scenario.from_json(f.read())
+    profile = dataclasses.replace(fuzz_profile(args.tv), alpha=args.alpha)
+    result = run([args.backend], [scenario], profile, seed=0, device=args.device)
+    for r in result.records:
+        print(f"{r.verdict:7} {r.check}[{r.template}]: {r.message}")
+    return 1 if result.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,11 @@
-"""Property-based fuzzing: scenarios drawn by Hypothesis, where engines' own tests are blind.
+"""Property-based fuzzing of the reference and the harness: scenarios drawn by Hypothesis,
+where engines' own tests are blind. The other backends are fuzzed against the reference
+in ``test_fuzz_backends.py``.
 
-Each fuzz test has a family-wise false-alarm budget ``BUDGET``; every example gets
-``BUDGET / max_examples`` of it (``harness.fuzz.example_profile``), so the family
-includes every example. A failure shrinks to a minimal scenario, saved as JSON under
-``reports/fuzz-failures/`` with the one-line command that reproduces it.
+Each statistical fuzz test has the family-wise false-alarm budget ``harness.fuzz.BUDGET``;
+every example, pinned ones included, gets its share (``harness.fuzz.example_profile``).
+A failure shrinks to a minimal scenario, saved as JSON under ``reports/fuzz-failures/``
+with the one-line command that reproduces it.
 """
 
 import dataclasses
@@ -15,73 +17,64 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.backends import load_backend
-from harness.fuzz import BOUNDARY_VOCABS, GPU_VOCABS, example_profile, failure_path, scenarios
+from harness.fuzz import (
+    BLOCK_ZERO_TIMES_INF,
+    BOUNDARY_VOCABS,
+    BUDGET,
+    GHSA_8192_BLOCK,
+    GHSA_VOCAB_BOUNDARY,
+    MIXED,
+    NAN_ROW,
+    PLACEHOLDER_FIRST,
+    ZERO_TARGET_DRAFT,
+    check_example,
+    example_profile,
+    fuzz_profile,
+    pin,
+    scenarios,
+    without_mates,
+)
 from harness.profiles import get_profile
-from harness.records import write_json_atomic
 from harness.runner import run
 from harness.scenarios import RequestSpec, Scenario, materialize, trials
 from harness.tally import TemplateTally, add_outputs
 
-BUDGET = 1e-6  # family-wise false-alarm budget of each statistical fuzz test
 BASE = get_profile("smoke")  # detects TV >= 0.1 per check at the example's share of BUDGET
+EXAMPLES = settings.default.max_examples  # drawn examples per test: the loaded profile's (ci: 25)
 R = RequestSpec
 
 
-def verify(backend: str, scenario: Scenario, test_name: str, device: str = "cpu") -> None:
-    """Run every check; on failure save the scenario and name the command that reproduces it."""
-    profile = example_profile(BASE, scenario, BUDGET, settings().max_examples)
-    result = run([backend], [scenario], profile, seed=0, device=device)
-    bad = [r for r in result.records if r.verdict in ("fail", "error")]
-    if bad:
-        path = failure_path(test_name)
-        write_json_atomic(path, scenario.to_dict())
-        command = bad[0].reproducer.replace("--scenario fuzz", f"--scenario {path}")
-        lines = [f"{r.check}[{r.template}]: {r.message}" for r in bad[:5]]
-        pytest.fail(f"{backend} failed on a fuzzed scenario ({path}):\n" + "\n".join(lines) + f"\nreproduce: {command}", pytrace=False)
+def verify(backend: str, scenario: Scenario, test_name: str, examples: int) -> None:
+    """Run every check at the example's share of the budget (``examples`` in the family)."""
+    message = check_example(backend, scenario, BASE, examples, test_name)
+    if message:
+        pytest.fail(message, pytrace=False)
 
 
-# Known regressions, pinned (each named after the bug it guards against).
-GHSA_VOCAB_BOUNDARY = Scenario("fuzz", "standard", 1025, (R(2, 1.0, "topk", "disjoint"),), seed=8)  # GHSA-8wr5-jm2h-8r4f
-ZERO_TARGET_DRAFT = Scenario("fuzz", "standard", 8, (R(2, 1.0, "topk", "disjoint"), R(1, 1.0, "topk", "disjoint")), seed=3)
-PLACEHOLDER_FIRST = Scenario("fuzz", "block", 6, (R(3, 1.0, placeholder_at=0),), seed=1)  # vLLM #46533 / #50939
-NAN_ROW = Scenario(
-    "fuzz", "standard", 20, (R(2, 1.0, nan_rows=(0,)), R(1, 0, masked_rows=(1,), method="greedy")), seed=2
-)  # #21876 / #53029
-# Found by this fuzzer: block verification's running ratio 0 * inf (a draft of target
-# probability 0, then one of draft probability 0) gave NaN; it must stay 0.
-BLOCK_ZERO_TIMES_INF = Scenario("fuzz", "block", 2, (R(3, 1e-4, "peaked", "peaked", draft_ids=(1, 0, 0)),), seed=0)
-MIXED = Scenario(
-    "fuzz",
-    "standard",
-    5,
-    (R(2, 0, method="greedy"), R(3, 1e-4), R(2, 1.0, method="synthetic")),
-    synthetic={"rates": [0.9, 0.5, 0.2]},
-    slots="permuted",
-    dtype="bfloat16",
-    seed=5,
-)
+# Known regressions (harness.fuzz), pinned.
+PINNED = (GHSA_VOCAB_BOUNDARY, GHSA_8192_BLOCK, ZERO_TARGET_DRAFT, PLACEHOLDER_FIRST, NAN_ROW, MIXED, BLOCK_ZERO_TIMES_INF)
 
 
-@given(scenarios())
-@example(GHSA_VOCAB_BOUNDARY)
-@example(ZERO_TARGET_DRAFT)
-@example(PLACEHOLDER_FIRST)
-@example(NAN_ROW)
-@example(MIXED)
-@example(BLOCK_ZERO_TIMES_INF)
+@given(scenario=scenarios())
+@pin(PINNED)
 def test_reference_matches_its_laws(scenario):
-    verify("reference", scenario, "test_reference_matches_its_laws")
+    """Every check at ``smoke`` power: each detects TV >= 0.1 at its example's share of BUDGET."""
+    verify("reference", scenario, "test_reference_matches_its_laws", EXAMPLES + len(PINNED))
+
+
+BOUNDARY_EXAMPLES = 4
 
 
 @pytest.mark.slow
 @given(scenarios(vocabs=BOUNDARY_VOCABS, methods=("greedy", "standard", "block"), max_drafts=2, max_requests=2))
-@settings(max_examples=4)
+@settings(max_examples=BOUNDARY_EXAMPLES)
 def test_reference_at_tile_boundaries(scenario):
-    verify("reference", scenario, "test_reference_at_tile_boundaries")
+    """Every check detects TV >= 0.1 at its example's share of BUDGET."""
+    verify("reference", scenario, "test_reference_at_tile_boundaries", BOUNDARY_EXAMPLES)
 
 
 def sample_once(backend, scenario, count=16):
@@ -94,12 +87,10 @@ def sample_once(backend, scenario, count=16):
 @given(scenarios(), st.integers(1, 6))
 def test_same_seed_same_output_whatever_the_batch_mates(scenario, stride):
     """A request's output depends on its own seed and positions, not on its batch mates."""
-    from suites.test_reference import _subset
-
     backend = load_backend("reference")
     _, tr, tokens, emitted = sample_once(backend, scenario)
     keep = np.arange(tr.batch.num_requests)[::stride]
-    sub_tokens, sub_emitted = backend.sample(_subset(tr.batch, keep).validate())
+    sub_tokens, sub_emitted = backend.sample(without_mates(tr.batch, keep))
     np.testing.assert_array_equal(sub_emitted, emitted[keep])
     for r, n in enumerate(sub_emitted):
         np.testing.assert_array_equal(sub_tokens[r, :n], tokens[keep[r], :n])
@@ -130,7 +121,7 @@ def test_draft_with_zero_draft_probability_is_pinned():
     probe = Scenario("fuzz", "standard", 8, (R(1, 1.0, "peaked", "topk"),), seed=4)
     q = materialize(probe)[0].proposal_probs()[0]
     zero = int(np.flatnonzero(q == 0)[0])
-    verify("reference", dataclasses.replace(probe, requests=(R(1, 1.0, "peaked", "topk", draft_ids=(zero,)),)), "zero-draft-prob")
+    verify("reference", dataclasses.replace(probe, requests=(R(1, 1.0, "peaked", "topk", draft_ids=(zero,)),)), "zero-draft-prob", 1)
 
 
 DEMO = Scenario("fuzz", "standard", 6, (R(2, 1.0, "peaked", "flat"),), seed=1)
@@ -142,11 +133,11 @@ def test_a_failure_is_saved_with_its_reproducer(tmp_path, monkeypatch):
         pytest.fail.Exception,
         match=r"reproduce: python -m harness run --backend fault:residual-is-target .*--scenario reports/fuzz-failures/demo.json",
     ):
-        verify("fault:residual-is-target", DEMO, "demo")
+        verify("fault:residual-is-target", DEMO, "demo", 1)
     saved = json.loads((tmp_path / "reports" / "fuzz-failures" / "demo.json").read_text())
     assert Scenario.from_dict(saved) == DEMO
     with pytest.raises(pytest.fail.Exception) as failure:
-        verify("fault:residual-is-target", DEMO, "demo")
+        verify("fault:residual-is-target", DEMO, "demo", 1)
     command = shlex.split(str(failure.value).split("reproduce: ", 1)[1])
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root}
@@ -156,16 +147,19 @@ def test_a_failure_is_saved_with_its_reproducer(tmp_path, monkeypatch):
     assert proc.returncode == 1, proc.stderr
 
 
-@pytest.mark.gpu
-@given(scenarios(vocabs=GPU_VOCABS, methods=("greedy", "standard", "block", "synthetic"), max_drafts=8, max_requests=4))
-@settings(max_examples=int(os.environ.get("GPU_FUZZ_EXAMPLES", "10")))
-def test_gpu_backends_at_scale(scenario):
-    from harness.device import gpu_skip_reason
-
-    if gpu_skip_reason():
-        pytest.skip(gpu_skip_reason())
-    for backend in ("triton", "vllm-mrv2", "vllm-v1"):
-        verify(backend, scenario, f"gpu-{backend}", device="cuda")
+def test_a_coarser_fuzz_profile_replays_through_harness_fuzz(tmp_path, monkeypatch):
+    """A failure at a fuzz profile's TV (no CLI profile has it) replays with
+    ``python -m harness.fuzz`` at the same TV and alpha, and fails again."""
+    monkeypatch.chdir(tmp_path)
+    message = check_example("fault:residual-is-target", DEMO, fuzz_profile(0.3), 1, "demo-tv")
+    command = shlex.split(message.split("reproduce: ", 1)[1])
+    assert command[:3] == ["python", "-m", "harness.fuzz"] and command[command.index("--tv") + 1] == "0.3", command
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, *command[1:]], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=300
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "fail" in proc.stdout
 
 
 SEARCH = 300  # examples find() may draw; it stops at the first failing one
