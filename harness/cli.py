@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--profile", default="ci")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    f.add_argument(
+        "--backend",
+        default="reference",
+        choices=("reference", "triton"),
+        help="the faults planted in this sampler: reference (fault:NAME) or triton (triton-fault:NAME) (default: reference)",
+    )
     f.add_argument("--out", default="reports/faults", help="writes matrix.json and matrix.md here (default: reports/faults)")
     f.add_argument("--fault", action="append", help="only these faults (repeatable)")
     f.add_argument("--no-progress", action="store_true")
@@ -192,23 +198,29 @@ def _progress(total, disabled):
 
 
 def _faults(args) -> int:
-    from harness.detection import matrix, to_json, to_markdown
-    from harness.faults import FAULTS
+    from harness.detection import matrix, planted, planted_table, to_json, to_markdown
+    from harness.device import cuda_available
     from harness.profiles import get_profile
     from harness.records import write_json_atomic, write_text_atomic
 
     profile = get_profile(args.profile)
-    unknown = set(args.fault or ()) - set(FAULTS)
+    known = planted(args.backend)
+    unknown = set(args.fault or ()) - set(known)
     if unknown:
-        raise UsageError(f"--fault: unknown fault(s) {sorted(unknown)}")
-    names = args.fault or list(FAULTS)
+        raise UsageError(f"--fault: unknown fault(s) {sorted(unknown)} for --backend {args.backend} (known: {', '.join(known)})")
+    if args.device == "cuda" and not cuda_available():
+        raise UsageError("--device cuda: no CUDA device is available on this machine")
+    names = args.fault or list(known)
     progress, close = _progress(len(names), disabled=args.no_progress)
     try:
-        rows = matrix(profile, args.seed, args.device, names, progress)
+        rows = matrix(profile, args.seed, args.device, names, progress, args.backend)
     finally:
         close()
     table = to_markdown(rows, profile)
-    write_json_atomic(os.path.join(args.out, "matrix.json"), {"profile": profile.__dict__, "seed": args.seed, "rows": to_json(rows)})
+    if args.backend == "triton":
+        table += "\n" + planted_table()
+    record = {"backend": args.backend, "device": args.device, "profile": profile.__dict__, "seed": args.seed, "rows": to_json(rows)}
+    write_json_atomic(os.path.join(args.out, "matrix.json"), record)
     write_text_atomic(os.path.join(args.out, "matrix.md"), table)
     print(table)
     return 0 if all(r.detected for r in rows) else 1

@@ -4,6 +4,8 @@
 the same runner as every backend; a fault is *detected* by a check family when at least
 one check of that family fails (after Holm, like any run). The row names the strongest
 catching check (scenario, template, p-value) and every catching scenario.
+``backend="triton"`` runs the faults planted in the Triton kernels (``harness.triton_faults``,
+``--backend triton-fault:NAME``) instead of the reference's (``fault:NAME``).
 """
 
 from dataclasses import asdict, dataclass, field
@@ -12,8 +14,19 @@ from harness.catalog import catalog
 from harness.faults import FAULTS
 from harness.profiles import Profile
 from harness.runner import run
+from harness.triton_faults import TRITON_FAULTS
 
 FAMILIES = ("structure", "outcome-law", "position-law", "acceptance-length", "acceptance-rate")
+PREFIX = {"reference": "fault:", "triton": "triton-fault:"}  # sampler -> backend name prefix of its faults
+
+
+def planted(backend: str = "reference") -> dict:
+    """Fault name -> one-line description, for the faults planted in ``backend``."""
+    if backend == "reference":
+        return {name: (cls.__doc__ or "").strip().splitlines()[0] for name, cls in FAULTS.items()}
+    if backend == "triton":
+        return {name: f.where for name, f in TRITON_FAULTS.items()}
+    raise ValueError(f"faults are planted in 'reference' or 'triton', not {backend!r}")
 
 
 def family_of(check: str) -> str:
@@ -33,12 +46,13 @@ class FaultRow:
     catches: list = field(default_factory=list)  # (scenario, template, check, p-value) of every failing check
 
 
-def detect(fault: str, profile: Profile, seed: int = 0, device: str = "cpu") -> FaultRow:
-    result = run([f"fault:{fault}"], catalog(profile, seed), profile, seed, device)
+def detect(fault: str, profile: Profile, seed: int = 0, device: str = "cpu", backend: str = "reference", scenarios=None) -> FaultRow:
+    """Run one planted fault over ``scenarios`` (default: the profile's catalog)."""
+    doc = planted(backend)[fault]
+    result = run([PREFIX[backend] + fault], scenarios or catalog(profile, seed), profile, seed, device)
     failed = [r for r in result.records if r.verdict == "fail"]
     families = {f: any(family_of(r.check) == f for r in failed) for f in FAMILIES}
     strongest = min(failed, key=lambda r: (r.p_value if r.p_value is not None else 1.0, r.kind != "exact"), default=None)
-    doc = (FAULTS[fault].__doc__ or "").strip().splitlines()[0]
     return FaultRow(
         fault=fault,
         doc=doc,
@@ -52,10 +66,10 @@ def detect(fault: str, profile: Profile, seed: int = 0, device: str = "cpu") -> 
     )
 
 
-def matrix(profile: Profile, seed: int = 0, device: str = "cpu", faults=None, progress=None) -> list[FaultRow]:
+def matrix(profile: Profile, seed: int = 0, device: str = "cpu", faults=None, progress=None, backend: str = "reference") -> list[FaultRow]:
     rows = []
-    for name in faults or FAULTS:
-        rows.append(detect(name, profile, seed, device))
+    for name in faults or planted(backend):
+        rows.append(detect(name, profile, seed, device, backend))
         if progress:
             progress(1)
     return rows
@@ -69,6 +83,13 @@ def to_markdown(rows: list[FaultRow], profile: Profile) -> str:
         marks = " | ".join("✔" if r.families[f] else "" for f in FAMILIES)
         p = "–" if r.p_value is None else f"{r.p_value:.2g}"
         lines.append(f"| `{r.fault}` | {'yes' if r.detected else '**no**'} | {marks} | {r.catching or '–'} | {p} |")
+    return "\n".join(lines) + "\n"
+
+
+def planted_table() -> str:
+    """Where each Triton fault is planted, and how it differs from the same-named reference fault."""
+    lines = ["| fault | planted | differs from the reference fault |", "|---|---|---|"]
+    lines += [f"| `{name}` | {f.where} | {f.note or '–'} |" for name, f in TRITON_FAULTS.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,7 @@
 ``vllm-mrv2``          vLLM's Model Runner V2 ``rejection_sample`` (``harness.backends.vllm_mrv2``).
 ``vllm-v1``            vLLM's V1 ``rejection_sample`` (``harness.backends.vllm_v1``).
 ``fault:NAME``         the reference with one planted bug (``harness.faults``).
+``triton-fault:NAME``  the Triton sampler with one planted kernel bug (``harness.triton_faults``).
 ``pkg.mod:Attr``       a third-party implementation: a class (instantiated with no
                        arguments), an object with ``sample(batch)``, or a plain function
                        ``sample(batch) -> (tokens, num_emitted)``. See ``harness.protocol``.
@@ -13,6 +14,7 @@
 import importlib
 
 from harness.faults import FAULTS
+from harness.triton_faults import TRITON_FAULTS
 from reference.sampler import ReferenceSampler
 
 
@@ -49,7 +51,7 @@ NAMED = {
 
 
 def builtin_names() -> list[str]:
-    return ["reference", *NAMED] + [f"fault:{name}" for name in FAULTS]
+    return ["reference", *NAMED] + [f"fault:{name}" for name in FAULTS] + [f"triton-fault:{name}" for name in TRITON_FAULTS]
 
 
 def load_backend(name: str):
@@ -67,6 +69,15 @@ def load_backend(name: str):
         if fault not in FAULTS:
             raise ValueError(f"backend: unknown fault {fault!r} (known: {', '.join(FAULTS)})")
         return SamplerBackend(name, FAULTS[fault]())
+    if name.startswith("triton-fault:"):
+        fault = name.split(":", 1)[1]
+        if fault not in TRITON_FAULTS:
+            raise ValueError(f"backend: unknown Triton fault {fault!r} (known: {', '.join(TRITON_FAULTS)})")
+        try:
+            from harness.backends.triton_fault import TritonFaultBackend
+        except ImportError as e:
+            raise ValueError(f"backend: {name!r} needs the Triton backend: {e}") from None
+        return TritonFaultBackend(fault)
     if ":" in name:
         return _load_dotted(name)
     raise ValueError(f"backend: unknown backend {name!r} (built in: {', '.join(builtin_names())}; or a dotted path 'package.module:Class')")
@@ -96,6 +107,7 @@ def _load_dotted(name: str):
 def describe_backends() -> list[tuple[str, bool, str]]:
     """(name, available, note) for every built-in backend; the note says why not, and how to fix it."""
     rows = [("reference", True, "float64 NumPy reference sampler")]
+    notes = {}
     for name, path in NAMED.items():
         module_name = path.split(":")[0]
         try:
@@ -105,5 +117,8 @@ def describe_backends() -> list[tuple[str, bool, str]]:
         except Exception as e:  # an optional dependency missing is a note, not a crash
             available, note = False, f"{type(e).__name__}: {e}"
         rows.append((name, available, note))
+        notes[name] = available, note
     rows += [(f"fault:{n}", True, (cls.__doc__ or "").strip().splitlines()[0]) for n, cls in FAULTS.items()]
+    triton_ok, triton_note = notes["triton"]
+    rows += [(f"triton-fault:{n}", triton_ok, f.where if triton_ok else triton_note) for n, f in TRITON_FAULTS.items()]
     return rows

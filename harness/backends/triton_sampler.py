@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from harness.protocol import host
+from harness.triton_faults import TRITON_FAULTS
 from reference.methods import Method
 from reference.rng import Stream
 
@@ -50,6 +51,38 @@ _MAX_INV_T = tl.constexpr(1e30)  # 1/T for tiny T: keeps (a - max) * inv_t finit
 _LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: a finite "nothing seen yet"
 _NO_ID = tl.constexpr(2**31 - 1)
 _LOG2E = tl.constexpr(1.4426950408889634)
+
+
+def _fault(name: str):
+    return tl.constexpr(TRITON_FAULTS[name].code)
+
+
+# Planted faults (``harness.triton_faults``, ``triton-fault:NAME``): kernels take FAULT as a
+# constexpr and every fault branch is resolved at compile time, so FAULT = 0 (the correct
+# sampler) compiles to the code it had without them. The first two are the caller's (host) bugs.
+_IGNORE_DRAFT_PROBS = TRITON_FAULTS["ignore-draft-probs"].code
+_TEMPERATURE_TWICE = TRITON_FAULTS["temperature-twice"].code
+_DRAFT_BEFORE_TEMPERATURE = _fault("draft-before-temperature")
+_BLOCK_TOKEN_WISE = _fault("block-token-wise")
+_GREEDY_TIE_HIGHEST = _fault("greedy-tie-highest")
+_NAN_ROW_OUT_OF_VOCAB = _fault("nan-row-out-of-vocab")
+_INVERTED_RATIO = _fault("inverted-ratio")
+_ACCEPT_AT_ZERO_UNIFORM = _fault("accept-at-zero-uniform")
+_ACCEPT_PLACEHOLDER = _fault("accept-placeholder")
+_PLACEHOLDER_AS_INDEX = _fault("placeholder-as-index")
+_DRAFT_OFF_BY_ONE = _fault("draft-off-by-one")
+_WRONG_DRAFT_STEP = _fault("wrong-draft-step")
+_SYNTHETIC_RATES_AS_CONDITIONAL = _fault("synthetic-rates-as-conditional")
+_BONUS_WRONG_ROW = _fault("bonus-wrong-row")
+_GREEDY_BONUS_SAMPLED = _fault("greedy-bonus-sampled")
+_SEED_COLLISION = _fault("seed-collision")
+_RESIDUAL_IS_TARGET = _fault("residual-is-target")
+_KEEPS_REJECTED = _fault("one-hot-residual-keeps-rejected")
+_UNCLAMPED_RESIDUAL = _fault("unclamped-residual")
+_RESIDUAL_NOT_NORMALIZED = _fault("residual-not-normalized")
+_REUSE_UNIFORM = _fault("reuse-uniform")
+_NOISE_FLOOR = _fault("noise-floor")
+_OOV_LANE_WINS = _fault("oov-lane-wins")
 
 
 # --- noise ------------------------------------------------------------------------------------
@@ -74,10 +107,13 @@ def _inv_temperature(temp):
 
 
 @triton.jit
-def _stats_step(a, m, s, best, start, scale):
+def _stats_step(a, m, s, best, start, scale, FAULT: tl.constexpr):
     """Fold one tile into the running max ``m``, rescaled sum ``s`` and max's tile ``best``."""
     tile_max = tl.max(a, axis=1)
-    best = tl.where(tile_max > m, start, best)  # strict: the first tile holding the max
+    if FAULT == _GREEDY_TIE_HIGHEST:
+        best = tl.where(tile_max >= m, start, best)
+    else:
+        best = tl.where(tile_max > m, start, best)  # strict: the first tile holding the max
     new_m = tl.maximum(m, tile_max)
     s = s * tl.exp2((m - new_m) * scale) + tl.sum(tl.exp2((a - new_m[:, None]) * scale[:, None]), axis=1)
     return new_m, s, best
@@ -87,7 +123,7 @@ def _stats_step(a, m, s, best, start, scale):
 def _stats_kernel(
     logits, stride, width, n_rows, row_req, temperature,
     out_m, out_s, out_arg, out_nan,
-    split_len, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    split_len, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     """Max, sum of exp((a - max) / T), argmax and NaN flag of ``BLOCK_R`` rows over one split.
 
@@ -111,17 +147,20 @@ def _stats_kernel(
     for start in range(lo, full, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)[None, :]
         a = tl.load(base + cols, mask=valid[:, None], other=float("-inf")).to(tl.float32)
-        m, s, best = _stats_step(a, m, s, best, start, scale)
+        m, s, best = _stats_step(a, m, s, best, start, scale, FAULT)
     if full < hi:
         cols = full + tl.arange(0, BLOCK_V)[None, :]
         a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
-        m, s, best = _stats_step(a, m, s, best, full, scale)
+        m, s, best = _stats_step(a, m, s, best, full, scale, FAULT)
     cols = best[:, None] + tl.arange(0, BLOCK_V)[None, :]
     a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
-    arg = tl.min(tl.where(a == m[:, None], cols, _NO_ID), axis=1)  # lowest id among the maxima
+    if FAULT == _GREEDY_TIE_HIGHEST:
+        arg = tl.max(tl.where(a == m[:, None], cols, -1), axis=1)
+    else:
+        arg = tl.min(tl.where(a == m[:, None], cols, _NO_ID), axis=1)  # lowest id among the maxima
     nan = (s != s).to(tl.int32)
     if NSPLIT == 1:
-        _store_final(rows, valid, m, s, arg, nan, out_m, out_s, out_arg, out_nan)
+        _store_final(rows, valid, m, s, arg, nan, out_m, out_s, out_arg, out_nan, FAULT)
     else:
         part = rows * NSPLIT + split
         tl.store(out_m + part, m, mask=valid)
@@ -131,19 +170,22 @@ def _stats_kernel(
 
 
 @triton.jit
-def _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad):
+def _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad, FAULT: tl.constexpr):
     """Final row statistics; a row with a NaN or no finite logit (s = 0) is degenerate (token 0)."""
     bad = (nan != 0) | (s == 0)
     tl.store(out_m + rows, m, mask=valid)
     tl.store(out_logs + rows, tl.log(s), mask=valid)
-    tl.store(out_arg + rows, tl.where(bad, 0, arg), mask=valid)
+    if FAULT == _NAN_ROW_OUT_OF_VOCAB:  # a NaN max matches no lane: the search's not-found id
+        tl.store(out_arg + rows, tl.where(nan != 0, _NO_ID, tl.where(bad, 0, arg)), mask=valid)
+    else:
+        tl.store(out_arg + rows, tl.where(bad, 0, arg), mask=valid)
     tl.store(out_bad + rows, bad.to(tl.int8), mask=valid)
 
 
 @triton.jit
 def _combine_kernel(
     n_rows, row_req, temperature, part_m, part_s, part_arg, part_nan,
-    out_m, out_logs, out_arg, out_bad, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
+    out_m, out_logs, out_arg, out_bad, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     """Merge the vocabulary splits of ``_stats_kernel`` (in split order: lowest id wins ties)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -158,12 +200,15 @@ def _combine_kernel(
         part = rows * NSPLIT + k
         mk = tl.load(part_m + part, mask=valid, other=_LOWEST)
         sk = tl.load(part_s + part, mask=valid, other=0.0)
-        arg = tl.where((mk > m) & (sk > 0), tl.load(part_arg + part, mask=valid, other=0), arg)
+        if FAULT == _GREEDY_TIE_HIGHEST:
+            arg = tl.where((mk >= m) & (sk > 0), tl.load(part_arg + part, mask=valid, other=0), arg)
+        else:
+            arg = tl.where((mk > m) & (sk > 0), tl.load(part_arg + part, mask=valid, other=0), arg)
         nan = tl.maximum(nan, tl.load(part_nan + part, mask=valid, other=0))
         new_m = tl.maximum(m, mk)
         s = s * tl.exp2((m - new_m) * scale) + sk * tl.exp2((mk - new_m) * scale)
         m = new_m
-    _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad)
+    _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad, FAULT)
 
 
 @triton.jit
@@ -187,7 +232,7 @@ def _logprob(logits, stride, width, s_m, s_logs, s_arg, s_bad, row, x, inv_t, gr
 
 # --- jobs: draws and residual masses over one row ---------------------------------------------
 @triton.jit
-def _load_job(job_trow, job_req, job_rho, jobs, mask, drafts, d_bad, HAS_DRAFT: tl.constexpr):
+def _load_job(job_trow, job_req, job_rho, jobs, mask, drafts, d_bad, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr):
     """A job draws from (or sums) one target row: rho < 0 is the target row itself, rho >= 0
     the residual max(rho * target - draft, 0) against the draft at the same position (the
     draft row when given and not degenerate, else the one-hot of ``excl``)."""
@@ -205,16 +250,19 @@ def _load_job(job_trow, job_req, job_rho, jobs, mask, drafts, d_bad, HAS_DRAFT: 
         use_draft = resid & False
         # loaded as a column: Triton 3.6 miscompiles this load when it is expanded later
         excl = tl.load(drafts + drow[:, None], mask=resid[:, None], other=-1)
+        if FAULT == _KEEPS_REJECTED:
+            excl = excl * 0 - 1
     return trow, req, rho, active, resid, drow, use_draft, excl
 
 
 @triton.jit
 def _tile_weights(
     t_logits, t_stride, d_logits, d_stride, d_width, trow, drow, m, logs2, dm, dlogs2, scale,
-    rho, active, resid, use_draft, excl, cols, in_range, HAS_DRAFT: tl.constexpr,
+    rho, active, resid, use_draft, excl, cols, in_range, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr, SCAN: tl.constexpr,
 ):  # fmt: skip
     """Target probabilities ``t`` and job weights ``w`` of a [rows, cols] tile (0 off-row).
-    ``scale`` is log2(e) / T and ``logs2`` the row's log2 normalizer: p = 2**((a - m) scale - logs2)."""
+    ``scale`` is log2(e) / T and ``logs2`` the row's log2 normalizer: p = 2**((a - m) scale - logs2).
+    ``SCAN``: the draw's final scan (where the unclamped-residual fault lives)."""
     a = tl.load(t_logits + trow.to(tl.int64) * t_stride + cols, mask=active & in_range, other=float("-inf"))
     t = tl.exp2((a.to(tl.float32) - m) * scale - logs2)
     q = tl.zeros_like(t)
@@ -222,19 +270,26 @@ def _tile_weights(
         dmask = use_draft & in_range & (cols < d_width)
         b = tl.load(d_logits + drow.to(tl.int64) * d_stride + cols, mask=dmask, other=float("-inf"))
         q = tl.exp2((b.to(tl.float32) - dm) * scale - dlogs2)
+        if FAULT == _DRAFT_BEFORE_TEMPERATURE:
+            q = tl.exp2((b.to(tl.float32) - dm) * _LOG2E - dlogs2)
     w = tl.where(resid, tl.maximum(rho * t - q, 0.0), t)
+    if FAULT == _RESIDUAL_IS_TARGET:
+        w = t
+    if FAULT == _UNCLAMPED_RESIDUAL:
+        if SCAN:
+            w = tl.where(resid, rho * t - q, t)
     return tl.where(resid & (cols == excl), 0.0, w), t
 
 
 @triton.jit
 def _job_rows(
     job_trow, job_req, job_rho, n_jobs, temperature, drafts,
-    t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT: tl.constexpr, BLOCK_R: tl.constexpr,
+    t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT: tl.constexpr, BLOCK_R: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     """Per-lane inputs of ``BLOCK_R`` jobs, as [BLOCK_R, 1] columns."""
     jobs = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     trow, req, rho, active, resid, drow, use_draft, excl = _load_job(
-        job_trow, job_req, job_rho, jobs, jobs < n_jobs, drafts, d_bad, HAS_DRAFT
+        job_trow, job_req, job_rho, jobs, jobs < n_jobs, drafts, d_bad, HAS_DRAFT, FAULT
     )
     scale = _inv_temperature(tl.load(temperature + req, mask=active, other=1.0)) * _LOG2E
     m = tl.load(t_m + trow, mask=active, other=0.0)
@@ -251,12 +306,12 @@ def _job_rows(
 def _mass_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_logs, d_m, d_logs, d_bad,
     job_trow, job_req, job_rho, n_jobs, temperature, drafts, out_w, out_t, split_len,
-    HAS_DRAFT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    HAS_DRAFT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     """Sums of each job's weights and of its target row over one vocabulary split: the block
     residual masses, and the split masses that a draw picks its split from."""
     jobs, req, act, trow1, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid, use_draft, excl = _job_rows(
-        job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R
+        job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R, FAULT
     )
     split = tl.program_id(1)
     lo = split * split_len
@@ -267,7 +322,7 @@ def _mass_kernel(
         cols = start + tl.arange(0, BLOCK_V)[None, :]
         w, t = _tile_weights(
             t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT,
+            rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
         )  # fmt: skip
         acc_w += w
         acc_t += t
@@ -282,7 +337,7 @@ def _pick_kernel(
     job_trow, job_req, job_rho, n_jobs, temperature, seeds, positions, drafts,
     mass_w, mass_t, u_given, out, emitted, K, split_len,
     STREAM: tl.constexpr, FINAL: tl.constexpr, GIVEN_U: tl.constexpr, HAS_DRAFT: tl.constexpr,
-    NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     """Inverse CDF in two steps: the split whose running mass passes ``u * total``, then,
     inside it, the first id whose fp64 running sum passes the same fraction of the split's
@@ -290,7 +345,7 @@ def _pick_kernel(
     mass between whole splits, never off a far-tail token). An empty residual draws from
     the target row. ``FINAL``: write in the request's last slot, else ``out[job]``."""
     jobs, req, act, trow1, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid, use_draft, excl = _job_rows(
-        job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R
+        job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R, FAULT
     )
     total_w = tl.zeros([BLOCK_R], tl.float64)
     total_t = tl.zeros([BLOCK_R], tl.float64)
@@ -302,8 +357,18 @@ def _pick_kernel(
         u = tl.load(u_given + jobs, mask=act, other=0.5)
     else:
         seed = tl.load(seeds + req, mask=act, other=0)
-        u = _uniform(seed, tl.load(positions + trow1, mask=act, other=0), STREAM)
+        if FAULT == _SEED_COLLISION:
+            seed = seed * 0
+        pos = tl.load(positions + trow1, mask=act, other=0)
+        if FAULT == _REUSE_UNIFORM:
+            u = _uniform(seed, pos, _ACCEPT)
+        else:
+            u = _uniform(seed, pos, STREAM)
+        if FAULT == _NOISE_FLOOR:
+            u = ((u * 64.0).to(tl.int32).to(tl.float64) + 0.5) / 64.0
     threshold = u * tl.where(use_w, total_w, total_t)
+    if FAULT == _RESIDUAL_NOT_NORMALIZED:
+        threshold = u
     below = tl.zeros([BLOCK_R], tl.float64)
     chosen = tl.full([BLOCK_R], -1, tl.int32)
     last_split = tl.zeros([BLOCK_R], tl.int32)
@@ -325,7 +390,7 @@ def _pick_kernel(
         cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
         w, _ = _tile_weights(
             t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT,
+            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
         )  # fmt: skip
         acc += w.to(tl.float64)
     left = (frac * tl.sum(acc, axis=1))[:, None]
@@ -336,7 +401,7 @@ def _pick_kernel(
         cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
         w, _ = _tile_weights(
             t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT,
+            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, True,
         )  # fmt: skip
         csum = tl.cumsum(w.to(tl.float64), axis=1) + running
         passed = (csum > left) & (w > 0)
@@ -344,6 +409,10 @@ def _pick_kernel(
         last = tl.maximum(last, tl.max(tl.where(w > 0, cols, -1), axis=1))
         running = tl.max(csum, axis=1)[:, None]
     token = tl.where(token == _NO_ID, last, token).to(tl.int64)  # rounding at the split's end
+    if FAULT == _OOV_LANE_WINS:
+        lane = tl.cdiv(V, BLOCK_V) * BLOCK_V - 1  # the last tile's last lane, padded past V
+        empty = (tl.load(job_rho + jobs, mask=act, other=-1.0) >= 0) & ~use_w
+        token = tl.where(empty, lane, token)
     if FINAL:
         dest = out + jobs * (K + 1) + tl.load(emitted + jobs, mask=act, other=1) - 1
     else:
@@ -359,7 +428,7 @@ def _chain_kernel(
     cu, temperature, seeds, positions, methods, drafts, rates, K, B,
     strict_y, tokens, emitted, fin_trow, fin_rho, rho_buf, mass_trow, mass_rho,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    BLOCK_R: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     """One lane per request, a loop over draft steps.
 
@@ -375,9 +444,16 @@ def _chain_kernel(
     temp = tl.load(temperature + r, mask=valid, other=1.0)
     greedy = temp == 0
     inv_t = _inv_temperature(temp)
+    d_inv_t = inv_t  # the draft logits' 1/T
+    if FAULT == _DRAFT_BEFORE_TEMPERATURE:
+        d_inv_t = tl.full([BLOCK_R], 1.0, tl.float32)
     seed = tl.load(seeds + r, mask=valid, other=0)
+    if FAULT == _SEED_COLLISION:
+        seed = seed * 0
     method = tl.load(methods + r, mask=valid, other=0).to(tl.int32)
     block = method == _BLOCK
+    if FAULT == _BLOCK_TOKEN_WISE:
+        block = valid & False
     chain = valid & ~block
     live = chain  # chain lanes still verifying
     n = tl.zeros([BLOCK_R], tl.int64)  # drafts accepted
@@ -385,30 +461,53 @@ def _chain_kernel(
     strict_token = tl.zeros([BLOCK_R], tl.int64)
     blive = valid & block
     rho = tl.full([BLOCK_R], 1.0, tl.float32)
+    if FAULT == _SYNTHETIC_RATES_AS_CONDITIONAL:
+        rate_product = tl.full([BLOCK_R], 1.0, tl.float64)
     width = K + 1
     for k in range(0, K):
         x = tl.load(drafts + start + k, mask=valid & (k < cnt), other=-1)  # -1: placeholder or none
+        if FAULT == _PLACEHOLDER_AS_INDEX:
+            x = tl.where((x < 0) & (k < cnt), x + V, x)
         act = live & (x >= 0)
+        if FAULT == _ACCEPT_PLACEHOLDER:
+            act = live & (k < cnt)
         bact = blive & (x >= 0)
         row = row0 + k
         both = act | bact
-        lt = _logprob(t_logits, t_stride, V, t_m, t_logs, t_arg, t_bad, row, x, inv_t, greedy, both)
+        vrow = row  # the target row that verifies draft k
+        if FAULT == _DRAFT_OFF_BY_ONE:
+            vrow = tl.where(act, row + 1, row)
+        drow = start + k
+        if FAULT == _WRONG_DRAFT_STEP:
+            drow = tl.where(act, start, drow)
+        lt = _logprob(t_logits, t_stride, V, t_m, t_logs, t_arg, t_bad, vrow, x, inv_t, greedy, both)
         lq = tl.zeros([BLOCK_R], tl.float32)
         if HAS_DRAFT:
-            lq = _logprob(d_logits, d_stride, Vd, d_m, d_logs, d_arg, d_bad, start + k, x, inv_t, greedy, both)
+            lq = _logprob(d_logits, d_stride, Vd, d_m, d_logs, d_arg, d_bad, drow, x, d_inv_t, greedy, both)
         pos = tl.load(positions + row, mask=both, other=0)
         u = _uniform(seed, pos, _ACCEPT)
         # standard: min(1, t/q), t/0 = inf for t > 0, 0/0 = 0; no draft row: q(x) = 1
         ok = u < tl.where(lt == float("-inf"), 0.0, tl.exp(tl.minimum(lt - lq, 0.0))).to(tl.float64)
+        if FAULT == _INVERTED_RATIO:
+            if HAS_DRAFT:
+                ok = u < tl.where(lq == float("-inf"), 0.0, tl.exp(tl.minimum(lq - lt, 0.0))).to(tl.float64)
+        if FAULT == _ACCEPT_AT_ZERO_UNIFORM:
+            coarse = (u * 256.0).to(tl.int32).to(tl.float64) / 256.0
+            ok = coarse <= tl.where(lt == float("-inf"), 0.0, tl.exp(tl.minimum(lt - lq, 0.0))).to(tl.float64)
         if HAS_STRICT:
-            point, pt = _row_point(t_arg, t_bad, row, greedy, act)
+            point, pt = _row_point(t_arg, t_bad, vrow, greedy, act)
             is_strict = method == _STRICT
-            y = tl.where(point, pt, tl.load(strict_y + row, mask=act & is_strict & ~point, other=-1))
+            y = tl.where(point, pt, tl.load(strict_y + vrow, mask=act & is_strict & ~point, other=-1))
             ok = tl.where(is_strict, y == x, ok)
             strict_token = tl.where(act & is_strict, y, strict_token)
         if HAS_SYNTH:
             rate = tl.load(rates + r * K + k, mask=act & (method == _SYNTHETIC), other=0.0)
+            if FAULT == _SYNTHETIC_RATES_AS_CONDITIONAL:
+                rate_product = rate_product * rate
+                rate = rate_product
             ok = tl.where(method == _SYNTHETIC, u < rate, ok)
+        if FAULT == _ACCEPT_PLACEHOLDER:
+            ok = ok | (x < 0)
         tl.store(tokens + r * width + k, x, mask=act & ok)
         n = tl.where(act & ok, k + 1, n)
         rejected = rejected | (act & ~ok)
@@ -423,6 +522,10 @@ def _chain_kernel(
             tl.store(rho_buf + r * width + k + 1, rho, mask=bact)
             blive = bact
     final = row0 + n
+    if FAULT == _BONUS_WRONG_ROW:
+        final = tl.where(rejected, final, row0 + tl.maximum(n - 1, 0))
+    if FAULT == _GREEDY_BONUS_SAMPLED:
+        greedy = greedy & rejected  # a greedy bonus row is then drawn like a T = 1 row
     point, pt = _row_point(t_arg, t_bad, final, greedy, chain)
     known = point
     token = pt
@@ -441,7 +544,7 @@ def _block_kernel(
     d_logits, d_stride, Vd, t_arg, t_bad, d_m, d_logs, d_arg, d_bad,
     cu, temperature, seeds, positions, methods, drafts, K, B,
     mass_part, rho_buf, tokens, emitted, fin_trow, fin_rho,
-    HAS_DRAFT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_DRAFT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     """Block verification's stop: the last i with eta_i <= h_i, where
     h_i = R_i / (R_i + 1 - rho_i) (0/0 = 1) for inner i and h_d = rho_d (Sun et al. 2024)."""
@@ -455,7 +558,11 @@ def _block_kernel(
     temp = tl.load(temperature + r, mask=blk, other=1.0)
     greedy = temp == 0
     inv_t = _inv_temperature(temp)
+    if FAULT == _DRAFT_BEFORE_TEMPERATURE:
+        inv_t = tl.full([BLOCK_R], 1.0, tl.float32)  # only the draft's probabilities use it here
     seed = tl.load(seeds + r, mask=blk, other=0)
+    if FAULT == _SEED_COLLISION:
+        seed = seed * 0
     width = K + 1
     n_eff = tl.zeros([BLOCK_R], tl.int64)  # drafts before the first placeholder
     alive = blk
@@ -522,7 +629,7 @@ def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | Non
 class _Stats:
     """Final per-row statistics: max logit, log of the sum of exp((a - max) / T), argmax, degenerate flag."""
 
-    def __init__(self, logits, row_req, temperature, cuda: bool, tiles: tuple = (None, None)):
+    def __init__(self, logits, row_req, temperature, cuda: bool, tiles: tuple = (None, None), fault: int = 0):
         rows, width = logits.shape
         dev = logits.device
         self.m = torch.empty(rows, dtype=torch.float32, device=dev)
@@ -539,17 +646,20 @@ class _Stats:
         else:
             outs = tuple(torch.empty(rows * nsplit, dtype=d, device=dev) for d in (torch.float32, torch.float32, torch.int32, torch.int32))
         _stats_kernel[grid](
-            logits, logits.stride(0), width, rows, row_req, temperature, *outs, split_len, nsplit, block_r, block_v, num_warps=warps
-        )
+            logits, logits.stride(0), width, rows, row_req, temperature, *outs, split_len, nsplit, block_r, block_v, fault,
+            num_warps=warps,
+        )  # fmt: skip
         if nsplit > 1:
             rb = 32 if cuda else 4096
-            _combine_kernel[(triton.cdiv(rows, rb),)](rows, row_req, temperature, *outs, self.m, self.logs, self.arg, self.bad, nsplit, rb)
+            _combine_kernel[(triton.cdiv(rows, rb),)](
+                rows, row_req, temperature, *outs, self.m, self.logs, self.arg, self.bad, nsplit, rb, fault
+            )
 
 
 class _Context:
     """What every job kernel of one batch shares: logits, row statistics, tiles."""
 
-    def __init__(self, target_logits, draft_logits, t_stats, d_stats, temperature, seeds, positions, drafts, tiles, cuda):
+    def __init__(self, target_logits, draft_logits, t_stats, d_stats, temperature, seeds, positions, drafts, tiles, cuda, fault=0):
         self.has_draft = draft_logits is not None
         d_logits = draft_logits if self.has_draft else target_logits
         self.vocab = target_logits.shape[1]
@@ -561,6 +671,7 @@ class _Context:
         self.block_v, self.block_r, self.nsplit, self.split_len = _tiles(self.vocab, cuda, *tiles)
         self.warps = 4
         self.dev = target_logits.device
+        self.fault = fault
 
     def masses(self, job_trow, job_req, job_rho):
         """fp64 [jobs * NSPLIT] sums of the jobs' weights and of their target rows."""
@@ -569,7 +680,7 @@ class _Context:
         mass_t = torch.empty_like(mass_w)
         _mass_kernel[(triton.cdiv(n, self.block_r), self.nsplit)](
             *self.common, job_trow, job_req, job_rho, n, self.temperature, self.drafts, mass_w, mass_t, self.split_len,
-            self.has_draft, self.nsplit, self.block_r, self.block_v, num_warps=self.warps,
+            self.has_draft, self.nsplit, self.block_r, self.block_v, self.fault, num_warps=self.warps,
         )  # fmt: skip
         return mass_w, mass_t
 
@@ -581,7 +692,7 @@ class _Context:
         _pick_kernel[(triton.cdiv(n, self.block_r),)](
             *self.common, job_trow, job_req, job_rho, n, self.temperature, self.seeds, self.positions, self.drafts,
             mass_w, mass_t, mass_w if u is None else u, out, out if emitted is None else emitted, k, self.split_len,
-            stream, emitted is not None, u is not None, self.has_draft, self.nsplit, self.block_r, self.block_v,
+            stream, emitted is not None, u is not None, self.has_draft, self.nsplit, self.block_r, self.block_v, self.fault,
             num_warps=self.warps,
         )  # fmt: skip
 
@@ -589,13 +700,14 @@ class _Context:
 def verify(
     target_logits, draft_logits, draft_tokens, cu_num_drafts, temperature, seeds, positions, methods,
     synthetic_rates, max_drafts: int, *, has_strict: bool = True, has_block: bool = True, has_synthetic: bool = True,
-    block_v: int | None = None, splits: int | None = None,
+    block_v: int | None = None, splits: int | None = None, fault: int = 0,
 ):  # fmt: skip
     """Device-side verification of one batch of torch tensors (``VerifyBatch`` layout).
 
     The ``has_*`` flags only skip work (a method absent from the batch); leaving them True
-    is always correct. Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)``; slots
-    past ``num_emitted`` hold -1.
+    is always correct. ``fault``: a planted bug's code (``harness.triton_faults``), 0 none.
+    Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)``; slots past ``num_emitted``
+    hold -1.
     """
     dev = target_logits.device
     cuda = dev.type == "cuda"
@@ -606,6 +718,10 @@ def verify(
     if b == 0:
         return tokens, emitted
     n_target = target_logits.shape[0]
+    if fault == _IGNORE_DRAFT_PROBS:
+        draft_logits = None
+    if fault == _BLOCK_TOKEN_WISE.value:
+        has_block = False
     has_draft = draft_logits is not None
     has_synthetic = has_synthetic and synthetic_rates is not None
     temperature = temperature.to(torch.float64)
@@ -614,9 +730,16 @@ def verify(
     req_block = 64 if cuda else 4096
     grid_req = (triton.cdiv(b, req_block),)
     _owners_kernel[grid_req](cu_num_drafts, t_req, d_req, k, b, req_block)
-    t_stats = _Stats(target_logits, t_req, temperature, cuda, (block_v, splits))
-    d_stats = _Stats(draft_logits, d_req, temperature, cuda, (block_v, splits)) if has_draft else t_stats
-    ctx = _Context(target_logits, draft_logits, t_stats, d_stats, temperature, seeds, positions, draft_tokens, (block_v, splits), cuda)
+    if fault == _TEMPERATURE_TWICE:  # the caller's division; the kernels divide once more
+        target_logits = (target_logits / torch.where(temperature > 0, temperature, 1.0)[t_req, None]).to(target_logits.dtype)
+    t_stats = _Stats(target_logits, t_req, temperature, cuda, (block_v, splits), fault)
+    d_temperature = temperature
+    if fault == _DRAFT_BEFORE_TEMPERATURE.value:  # draft statistics of the raw logits (T = 1)
+        d_temperature = torch.where(temperature > 0, 1.0, temperature)
+    d_stats = _Stats(draft_logits, d_req, d_temperature, cuda, (block_v, splits), fault) if has_draft else t_stats
+    ctx = _Context(
+        target_logits, draft_logits, t_stats, d_stats, temperature, seeds, positions, draft_tokens, (block_v, splits), cuda, fault
+    )
     d_logits = draft_logits if has_draft else target_logits
 
     # The strict target sample y of every row of a strict request (point rows need none).
@@ -637,14 +760,14 @@ def verify(
         t_stats.m, t_stats.logs, t_stats.arg, t_stats.bad, d_stats.m, d_stats.logs, d_stats.arg, d_stats.bad,
         cu_num_drafts, temperature, seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
         strict_y, tokens, emitted, fin_trow, fin_rho, rho_buf, mass_trow, mass_rho,
-        has_draft, has_strict, has_synthetic, has_block, req_block,
+        has_draft, has_strict, has_synthetic, has_block, req_block, fault,
     )  # fmt: skip
     if has_block:
         mass, _ = ctx.masses(mass_trow, t_req, mass_rho)
         _block_kernel[grid_req](
             d_logits, d_logits.stride(0), d_logits.shape[1], t_stats.arg, t_stats.bad, d_stats.m, d_stats.logs, d_stats.arg, d_stats.bad,
             cu_num_drafts, temperature, seeds, positions, methods, draft_tokens, k, b,
-            mass, rho_buf, tokens, emitted, fin_trow, fin_rho, has_draft, ctx.nsplit, req_block,
+            mass, rho_buf, tokens, emitted, fin_trow, fin_rho, has_draft, ctx.nsplit, req_block, fault,
         )  # fmt: skip
     ctx.draw(fin_trow, torch.arange(b, device=dev), fin_rho, int(Stream.RESIDUAL), tokens, emitted, k)
     return tokens, emitted

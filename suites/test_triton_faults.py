@@ -1,0 +1,100 @@
+"""Every fault planted in the Triton kernels (``harness.triton_faults``) is caught.
+
+The Triton interpreter takes 2 to 6 minutes per fault for the whole ``ci`` catalog, so
+the CPU suite runs each fault on the one ``ci`` scenario recorded below, which must catch
+it with the expected check; the whole matrix is ``python -m harness faults --backend
+triton`` (docs/fault-matrix-triton.md). ``-m gpu`` runs the same scenarios at the ``gpu``
+profile on CUDA.
+"""
+
+import pytest
+
+pytest.importorskip("torch", reason="the Triton backend needs torch")
+pytest.importorskip("triton", reason="the Triton backend needs triton")
+
+from harness.backends import load_backend  # noqa: E402
+from harness.catalog import catalog  # noqa: E402
+from harness.cli import main  # noqa: E402
+from harness.detection import detect, family_of  # noqa: E402
+from harness.device import gpu_skip_reason  # noqa: E402
+from harness.faults import FAULTS  # noqa: E402
+from harness.profiles import get_profile  # noqa: E402
+from harness.triton_faults import TRITON_FAULTS  # noqa: E402
+
+# The interpreter computes Philox's wrapping uint32 products with NumPy, which warns.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.*")
+
+# fault -> (checks of which one must be among the catching ones, the scenario that runs it: a
+# cheap one of those that catch it in the ci matrix)
+EXPECTED = {
+    "ignore-draft-probs": ({"outcome-law", "acceptance-length"}, "standard-disjoint"),
+    "temperature-twice": ({"outcome-law", "acceptance-length"}, "standard-near-target"),
+    "block-token-wise": ({"outcome-law", "acceptance-length"}, "block-fixed"),
+    "greedy-tie-highest": ({"outcome-law"}, "greedy-ties"),
+    "nan-row-out-of-vocab": ({"structure"}, "standard-nan-rows"),
+    "inverted-ratio": ({"outcome-law"}, "greedy-ties"),
+    "accept-at-zero-uniform": ({"position-law", "acceptance-length"}, "standard-sampled-disjoint"),
+    "accept-placeholder": ({"structure"}, "greedy-placeholder"),
+    "placeholder-as-index": ({"structure"}, "standard-placeholder"),
+    "draft-off-by-one": ({"outcome-law"}, "greedy-ragged"),
+    "wrong-draft-step": ({"outcome-law", "acceptance-length"}, "standard-topk"),
+    "synthetic-rates-as-conditional": ({"acceptance-length", "acceptance-rate"}, "synthetic-same-as-target"),
+    "bonus-wrong-row": ({"outcome-law"}, "greedy-placeholder"),
+    "greedy-bonus-sampled": ({"outcome-law"}, "greedy-ragged"),
+    "seed-collision": ({"outcome-law"}, "standard-aligned-positions"),
+    "residual-is-target": ({"outcome-law"}, "standard-topk"),
+    "one-hot-residual-keeps-rejected": ({"outcome-law"}, "standard-no-draft-probs"),
+    "unclamped-residual": ({"outcome-law"}, "standard-topk"),
+    "residual-not-normalized": ({"outcome-law"}, "standard-topk"),
+    "reuse-uniform": ({"outcome-law"}, "standard-topk"),
+    "noise-floor": ({"outcome-law"}, "standard-same-as-target"),
+    "draft-before-temperature": ({"outcome-law", "acceptance-length"}, "standard-near-target"),
+    "oov-lane-wins": ({"structure", "outcome-law"}, "synthetic-same-as-target"),  # V a tile multiple: an id in vocab
+}
+
+
+def test_every_triton_fault_has_an_expectation():
+    assert set(EXPECTED) == set(TRITON_FAULTS)
+
+
+def test_triton_faults_are_reference_faults_with_distinct_codes():
+    """Same name, same bug: every Triton fault names a reference fault; 0 is the correct sampler."""
+    assert set(TRITON_FAULTS) <= set(FAULTS), set(TRITON_FAULTS) - set(FAULTS)
+    codes = [f.code for f in TRITON_FAULTS.values()]
+    assert 0 not in codes and len(set(codes)) == len(codes), codes
+
+
+def test_unknown_triton_fault_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown Triton fault 'nope'.*inverted-ratio"):
+        load_backend("triton-fault:nope")
+
+
+def test_cli_names_the_triton_faults_on_a_wrong_one(capsys):
+    assert main(["faults", "--backend", "triton", "--fault", "nope"]) == 2
+    assert "oov-lane-wins" in capsys.readouterr().err
+
+
+def _assert_caught(fault: str, profile_name: str, device: str):
+    profile = get_profile(profile_name)
+    must_checks, scenario = EXPECTED[fault]
+    scenarios = [s for s in catalog(profile, 0) if s.name == scenario]
+    assert scenarios, f"no scenario {scenario!r} in the {profile.name} catalog"
+    row = detect(fault, profile, seed=0, device=device, backend="triton", scenarios=scenarios)
+    assert not row.errors, row.errors
+    assert row.detected, f"triton-fault:{fault} was not caught by {scenario} at {profile.name} on {device}"
+    caught_by = {family for family, hit in row.families.items() if hit}
+    assert {family_of(c) for c in must_checks} & caught_by, f"triton-fault:{fault} caught only by {caught_by}"
+    # The strongest evidence is decisive: an exact violation or a p-value at most alpha.
+    assert row.p_value is not None and row.p_value <= profile.alpha, (row.catching, row.p_value)
+
+
+@pytest.mark.parametrize("fault", sorted(TRITON_FAULTS))
+def test_triton_fault_is_caught_on_cpu(fault):
+    _assert_caught(fault, "ci", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_skip_reason() is not None, reason=gpu_skip_reason() or "")
+@pytest.mark.parametrize("fault", sorted(TRITON_FAULTS))
+def test_triton_fault_is_caught_on_gpu(fault):
+    _assert_caught(fault, "gpu", "cuda")
