@@ -74,9 +74,18 @@ def test_cli_names_the_triton_faults_on_a_wrong_one(capsys):
     assert "oov-lane-wins" in capsys.readouterr().err
 
 
-def _assert_caught(fault: str, profile_name: str, device: str):
+# At the gpu profile (V = 32, other trial counts) two faults show in other scenarios
+# (measured with `python -m harness faults --backend triton --profile gpu --device cuda` on an H200).
+EXPECTED_GPU = {
+    **EXPECTED,
+    "inverted-ratio": ({"outcome-law", "acceptance-length"}, "standard-near-target"),
+    "bonus-wrong-row": ({"outcome-law", "position-law"}, "greedy-sampled"),
+}
+
+
+def _assert_caught(fault: str, profile_name: str, device: str, expected=EXPECTED):
     profile = get_profile(profile_name)
-    must_checks, scenario = EXPECTED[fault]
+    must_checks, scenario = expected[fault]
     scenarios = [s for s in catalog(profile, 0) if s.name == scenario]
     assert scenarios, f"no scenario {scenario!r} in the {profile.name} catalog"
     row = detect(fault, profile, seed=0, device=device, backend="triton", scenarios=scenarios)
@@ -97,4 +106,4 @@ def test_triton_fault_is_caught_on_cpu(fault):
 @pytest.mark.skipif(gpu_skip_reason() is not None, reason=gpu_skip_reason() or "")
 @pytest.mark.parametrize("fault", sorted(TRITON_FAULTS))
 def test_triton_fault_is_caught_on_gpu(fault):
-    _assert_caught(fault, "gpu", "cuda")
+    _assert_caught(fault, "gpu", "cuda", EXPECTED_GPU)
