@@ -73,7 +73,6 @@ class DeviceTrials:
         self.t_count = len(templates)
         self.k = s.max_drafts
         counts = np.array([t.num_drafts for t in templates], dtype=np.int64)
-        self.counts = counts
         dtype = getattr(torch, s.dtype)
 
         def put(x, dt=None):
@@ -101,6 +100,7 @@ class DeviceTrials:
         self.rates = put(conditional_rates(s)) if s.synthetic is not None else None
         self._tiled = (None, None, None)  # (count, target, draft): the last chunk size's logits
         self.drafts = None  # [trials, T, K], drawn by ``prepare``
+        self._shape = {}  # count -> the fields every chunk of that size shares
 
     def logits(self, count: int):
         if self._tiled[0] != count:
@@ -124,7 +124,6 @@ class DeviceTrials:
         req = req_index.reshape(-1)
         self.seeds = hash64(s.seed, req, 1, device=dev)
         self.base = hash64(s.seed, req, 2, device=dev) % POSITION_RANGE if s.positions == "random" else torch.zeros_like(req)
-        self._shape = {}  # count -> the fields every chunk of that size shares
 
     def _shared(self, count: int) -> dict:
         if count not in self._shape:
@@ -144,8 +143,8 @@ class DeviceTrials:
         on the device, for trials inside ``prepare``'s range."""
         s, dev, t_count, k = self.scenario, self.device, self.t_count, self.k
         last = first + count
-        if self.drafts is None or last > self.drafts.shape[0]:
-            self.prepare(last)
+        if self.drafts is None or last > self.drafts.shape[0]:  # drawing again per chunk would redo every trial
+            raise ValueError(f"trials [{first}, {last}) are outside the prepared range: call prepare(total) first")
         drafts = self.drafts[first:last]
         base = self.base[first * t_count : last * t_count]
         positions = (base.view(count, t_count)[:, self.row_template] + self.row_step).reshape(-1)

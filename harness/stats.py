@@ -152,12 +152,6 @@ class Pooling:
         return out
 
 
-def pool_cells_capped(expected: np.ndarray, max_bins: int = MAX_BINS) -> np.ndarray:
-    """``pool_cells`` with the smallest per-bin expectation (>= MIN_EXPECTED) that leaves at
-    most ``max_bins`` bins: still decided by expected counts alone."""
-    return Pooling(expected).capped(max_bins)
-
-
 def pooled(values: np.ndarray, bins: np.ndarray) -> np.ndarray:
     values = np.asarray(values, dtype=np.float64).ravel()
     keep = bins >= 0

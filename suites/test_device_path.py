@@ -52,6 +52,8 @@ def test_device_batches_equal_host_batches(name):
             if want is not None:
                 assert np.array_equal(got.float().numpy(), want, equal_nan=True), field
         assert batch.logits_dtype == s.dtype and batch.max_drafts == host.batch.max_drafts
+    with pytest.raises(ValueError, match="outside the prepared range"):
+        built.chunk(1005, 5)
 
 
 def test_device_tally_equals_host_tally_including_violations():
