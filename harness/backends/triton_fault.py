@@ -5,6 +5,8 @@ from harness.triton_faults import TRITON_FAULTS
 
 
 class TritonFaultBackend(TritonBackend):
+    shared_rows = False  # temperature-twice divides every row: give it rows, not a view
+
     def __init__(self, fault: str, device: str = "cpu", block_v: int | None = None, splits: int | None = None):
         super().__init__(device, block_v, splits)
         self.name = f"triton-fault:{fault}"

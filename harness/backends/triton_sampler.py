@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.backends import rows
 from harness.protocol import host
 from harness.triton_faults import TRITON_FAULTS
 from reference.methods import Method
@@ -802,6 +803,7 @@ class TritonBackend:
     name = "triton"
     devices = ("cpu", "cuda")
     device_batches = True  # takes batches built on its device (harness.device_trials)
+    shared_rows = True  # reads rows through their stride: stride-0 logits stay views
 
     def __init__(self, device: str = "cpu", block_v: int | None = None, splits: int | None = None):
         self.device = device
@@ -814,8 +816,8 @@ class TritonBackend:
         t = batch.to_torch(self.device)
         # The interpreter reads fp32; CUDA reads the batch's dtype (half the bytes for bf16 / fp16).
         dtype = torch.float32 if self.device == "cpu" else getattr(torch, getattr(batch, "logits_dtype", "float32"))
-        t["target_logits"] = t["target_logits"].to(dtype)
-        t["draft_logits"] = None if t["draft_logits"] is None else t["draft_logits"].to(dtype)
+        t["target_logits"] = rows.cast(t["target_logits"], dtype)
+        t["draft_logits"] = None if t["draft_logits"] is None else rows.cast(t["draft_logits"], dtype)
         return verify(
             t["target_logits"], t["draft_logits"], t["draft_tokens"], t["cu_num_drafts"], t["temperature"], t["seeds"],
             t["positions"], t["methods"], t["synthetic_rates"], batch.max_drafts,
