@@ -45,6 +45,7 @@ class Timed:
     def __init__(self, backend):
         self.backend, self.seconds, self.calls = backend, 0.0, 0
         self.device, self.device_batches = backend.device, getattr(backend, "device_batches", False)
+        self.shared_rows = getattr(backend, "shared_rows", False)
 
     def supports(self, batch):
         return self.backend.supports(batch) if hasattr(self.backend, "supports") else None
