@@ -73,24 +73,28 @@ def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float =
     n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(int((probs > 0).sum()) - segments, 1), steps)
     pooling = stats.Pooling(probs)  # sorted once for every round
     for _ in range(MAX_POOLING_ROUNDS):
-        bins = pooling.capped(stats.MAX_BINS, n)
-        df = max(int(bins.max(initial=-1)) + 1 - segments, 1)
+        threshold = pooling.cap(stats.MAX_BINS, n)
+        df = max(pooling.count(threshold) - segments, 1)
         needed = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
         if needed >= n:
-            return needed, bins, df
+            break
         n = needed
-    return n, bins, df
+    return needed, pooling.bins(threshold), df
 
 
-def _cells_summary(label, observed, expected, bins, limit=12):
+def _cells_summary(label, observed, expected, bins, limit=12, pooled=None):
     """The ``limit`` most expected pooled cells, named by ``label(cell)`` (a function: large
-    vocabularies have 10^6 cells, of which a dozen are named)."""
-    o, e = stats.pooled(observed, bins), stats.pooled(expected, bins)
+    vocabularies have 10^6 cells, of which a dozen are named). ``pooled``: (observed,
+    expected) per pooled cell when the test already summed them."""
+    o, e = pooled or (stats.pooled(observed, bins), stats.pooled(expected, bins))
     order = np.argsort(-e, kind="stable")
     shown = order[:limit]
+    flag = np.zeros(e.size + 1, dtype=bool)  # by bin; the extra last entry is bin -1 (impossible cells)
+    flag[shown] = True
+    in_shown = np.flatnonzero(flag[bins])  # one pass over the cells, not one per shown bin
     rows = []
     for b in shown:
-        members = np.flatnonzero(bins == b)
+        members = in_shown[bins[in_shown] == b]
         name = " + ".join(label(int(c)) for c in members[:3]) + (" + …" if members.size > 3 else "")
         rows.append((name, float(o[b]), float(e[b])))
     if order.size > limit:
@@ -138,7 +142,7 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
             msg = f"{r.impossible} observation(s) in zero-probability cells; " + msg
         return Verdict(
             "gof", r.p_value > profile.alpha, r.statistic, r.df, r.p_value, profile.alpha, trials,
-            detect, r.tv_estimate, r.tv_ci, msg, _cells_summary(label, observed, expected, bins),
+            detect, r.tv_estimate, r.tv_ci, msg, _cells_summary(label, observed, expected, bins, pooled=r.pooled),
         )  # fmt: skip
 
     def detectable(n):
