@@ -21,6 +21,7 @@ acceptance-length  Chi-square test of the number of accepted drafts (synthetic: 
 acceptance-rate[j] synthetic only: exact binomial test of step j's conditional acceptance.
 """
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,8 @@ from reference import synthetic as synth
 from reference.methods import Method
 
 MAX_POOLING_ROUNDS = 20
+BACKGROUND_POOLING_CELLS = 1 << 14  # above this, cells are pooled while the backend samples
+_POOLER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pooling")  # NumPy's sort runs without the GIL
 
 
 @dataclass
@@ -68,9 +71,21 @@ class Check:
 
 
 def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float = 1.0, segments: int = 1):
-    """Trials and bins for a chi-square test: pool at the trial count that the pooled df needs."""
+    """(trials, bins, df) for a chi-square test: pool at the trial count that the pooled df
+    needs. ``bins`` is a function returning the bins.
+
+    Above ``BACKGROUND_POOLING_CELLS`` possible cells (large vocabularies: 10^5-10^6) the
+    design takes the largest df the capped bins can have, ``MAX_BINS - segments``: the
+    trial count is known without sorting the cells, so sampling starts at once while a
+    background thread sorts and pools them at that count. The test's df is then the pooled
+    one, at most this: the stated power is a lower bound (pooled bins reach the cap there)."""
     probs = np.asarray(expected_probs, dtype=np.float64).ravel()
-    n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(int((probs > 0).sum()) - segments, 1), steps)
+    possible = int((probs > 0).sum())
+    if possible > BACKGROUND_POOLING_CELLS:
+        df = max(stats.MAX_BINS - segments, 1)
+        n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
+        return n, _POOLER.submit(lambda: stats.Pooling(probs).capped(stats.MAX_BINS, n)).result, df
+    n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(possible - segments, 1), steps)
     pooling = stats.Pooling(probs)  # sorted once for every round
     for _ in range(MAX_POOLING_ROUNDS):
         threshold = pooling.cap(stats.MAX_BINS, n)
@@ -79,7 +94,8 @@ def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float =
         if needed >= n:
             break
         n = needed
-    return needed, pooling.bins(threshold), df
+    bins = pooling.bins(threshold)
+    return needed, lambda: bins, df
 
 
 def _cells_summary(label, observed, expected, bins, limit=12, pooled=None):
@@ -110,11 +126,11 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
     """A chi-square check over ``probs`` cells (conditional per segment when ``segments``)."""
     probs = np.asarray(probs, dtype=np.float64).ravel()
     seg = np.zeros(probs.size, dtype=np.int64) if segments is None else segments.ravel()
-    reach_per_cell = np.ones(probs.size) if reach is None else reach[seg]
     steps = 1.0 if reach is None else float(reach.sum())
-    n_seg = int(np.unique(seg[probs > 0]).size)
-    exact = int((probs > 0).sum()) <= n_seg  # every segment is a point mass
-    design, bins, df = _design_pooling(probs * reach_per_cell, profile, steps, n_seg)
+    possible = probs > 0
+    n_seg = int(np.unique(seg[possible]).size) if segments is not None else int(possible.any())
+    exact = int(possible.sum()) <= n_seg  # every segment is a point mass
+    design, get_bins, df = _design_pooling(probs if reach is None else probs * reach[seg], profile, steps, n_seg)
     if exact:
         design = stats.exact_trials_for_rate(profile.power, profile.tv)
 
@@ -125,6 +141,7 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
 
     def evaluate(tally: TemplateTally, rng) -> Verdict:
         observed, expected = cells(tally)
+        bins = get_bins()
         trials = int(observed.sum() if reach is None else observed[seg == 0].sum())  # trials reaching step 0
         if exact:
             bad = int(observed[probs == 0].sum())
