@@ -26,6 +26,9 @@ output depends on its own inputs only, and tiles depend on the vocabulary alone.
 
 Conventions follow ``reference`` (block verification's running ratio stays 0 once 0:
 ``0 * inf = 0``, as ``reference.rules.block_step``).
+
+Batches of up to ``FUSED_MAX_REQUESTS`` requests take the fused path instead
+(``harness.backends.triton_fused``: the same outputs in three launches); ``path`` chooses.
 """
 
 import os
