@@ -702,11 +702,12 @@ class _Context:
 
 # ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3 launches, 3
 # allocations, no host sync, the same tiles and memory traffic) up to this many requests and
-# the staged pipeline (~10 launches, a fixed cost of ~0.05 ms under CUDA graphs on an H200)
-# above. 256 covers every shape where the staged path was measured slower than vLLM MRV2
-# (benchmarks/RESULTS.md: B <= 64 at every V, B = 256 at V = 32000; eager also B = 256 at
-# larger V, by its Python launch work) and leaves B = 1024, where the staged path was
-# measured as fast or faster and its fixed cost is under 10% of the call, to the staged path.
+# the staged pipeline (~10 launches and a dozen allocations: ~0.05 ms under CUDA graphs on an
+# H200 at B = 1, ~0.3 ms eager) above. 256 covers every shape where the staged path was
+# measured slower than vLLM MRV2 (benchmarks/RESULTS.md: under graphs B <= 64 at every V and
+# B = 256 at V = 32000; eager also B = 256 at K = 1) and leaves B = 1024, where its device
+# time was measured as fast or faster at every V and K (eager it still loses at V = 32000,
+# K <= 4: Python launch work), to the staged path until the fused path is measured there.
 FUSED_MAX_REQUESTS = 256
 PATHS = ("auto", "fused", "staged")
 
