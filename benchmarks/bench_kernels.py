@@ -10,9 +10,14 @@ Two ways of calling each implementation: eager (launched from Python every call,
 ``python -m harness`` calls backends) and ``NAME-graph``: the same call captured once in a
 CUDA graph and replayed (as engines run a decoding step: inputs already in the graph's
 static buffers, no host launch work). The graph column is the pipeline's device time.
+
+``triton`` is the path ``verify`` picks by default (``path="auto"``: the fused path up to
+``FUSED_MAX_REQUESTS`` requests, the staged pipeline above); ``triton-staged`` forces the
+staged pipeline at every batch size, for comparison.
 """
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -51,7 +56,7 @@ def inputs(b, k, v, seed=0):
     }
 
 
-def triton_call(x, b, k, v):
+def triton_call(x, b, k, v, path="auto"):
     from harness.backends.triton_sampler import verify
 
     cu = torch.arange(0, b * k + 1, k, device="cuda", dtype=torch.int64)
@@ -76,6 +81,7 @@ def triton_call(x, b, k, v):
             has_strict=False,
             has_block=False,
             has_synthetic=False,
+            path=path,
         )
 
     return call
@@ -122,15 +128,17 @@ def graphed(call):
 def main() -> int:
     from triton.testing import do_bench
 
+    from harness.backends.triton_sampler import takes_fused_path
+
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--backends", default="triton,vllm-mrv2,triton-graph,vllm-mrv2-graph")
+    ap.add_argument("--backends", default="triton,triton-staged,vllm-mrv2,triton-graph,triton-staged-graph,vllm-mrv2-graph")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 2
     bandwidth = copy_bandwidth()
-    makers = {"triton": triton_call, "vllm-mrv2": mrv2_call}
+    makers = {"triton": triton_call, "triton-staged": functools.partial(triton_call, path="staged"), "vllm-mrv2": mrv2_call}
     rows = []
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     for v in VOCABS:
@@ -138,7 +146,7 @@ def main() -> int:
             for b in BATCHES:
                 x = inputs(b, k, v)
                 nbytes = b * (k + 1) * v * 4 + b * k * v * 2
-                row = {"B": b, "K": k, "V": v, "bytes": nbytes}
+                row = {"B": b, "K": k, "V": v, "bytes": nbytes, "triton_path": "fused" if takes_fused_path("auto", b) else "staged"}
                 for name in args.backends.split(","):
                     try:
                         base = name.removesuffix("-graph")
@@ -152,7 +160,7 @@ def main() -> int:
                     f"{n}: {row[n]['ms']:.3f} ms ({row[n]['of_copy']:.0%} of copy)" if "ms" in row[n] else f"{n}: {row[n]['error']}"
                     for n in args.backends.split(",")
                 )
-                print(f"B={b:5d} K={k} V={v:6d}  {cells}", flush=True)
+                print(f"B={b:5d} K={k} V={v:6d} ({row['triton_path']})  {cells}", flush=True)
                 del x
                 torch.cuda.empty_cache()
     if args.json:

@@ -28,6 +28,6 @@ if has runs; then
   done
 fi
 has pytest && step pytest_gpu "${PYTEST_TIMEOUT:-300}" python -m pytest suites/ -m gpu -q -p no:cacheprovider -rA --durations=25
-has kernels && step bench_kernels "${BENCH_TIMEOUT:-110}" python benchmarks/bench_kernels.py --json "$WORK/bench_kernels.json"
+has kernels && step bench_kernels "${BENCH_TIMEOUT:-170}" python benchmarks/bench_kernels.py --json "$WORK/bench_kernels.json"
 tar -czf "$OUT/gpu_results.tgz" -C "$WORK" .
 cat "$WORK/steps.txt"

@@ -10,7 +10,11 @@ TRITON_INTERPRET=1 before Triton is imported). What is checked:
   default tiles and with tiny tiles split over programs;
 * the far tail of the inverse-CDF draw: exact slices of (0, 1) for tokens 1e-12 below the
   head, and tail rates with calibrated binomial tests (1e-9 below the max on a GPU);
-* seeded reproducibility and independence from batch mates.
+* seeded reproducibility and independence from batch mates;
+* the fused small-batch path (``harness/backends/triton_fused.py``, taken by default up to
+  ``FUSED_MAX_REQUESTS`` requests a call) and the staged path: each of the above on both
+  paths where the default would take one only, the same outputs token for token on random
+  mixed batches, and the dispatch rule (planted faults always staged).
 
 GPU tests (``-m gpu``) run the ``gpu`` profile catalog and a V = 152064 batch on CUDA.
 """
@@ -26,7 +30,9 @@ triton = pytest.importorskip("triton", reason="the Triton backend needs triton")
 import triton.language as tl  # noqa: E402
 
 from harness import stats  # noqa: E402
+from harness.backends import triton_fused as tf  # noqa: E402
 from harness.backends import triton_sampler as ts  # noqa: E402
+from harness.backends.triton_fault import TritonFaultBackend  # noqa: E402
 from harness.catalog import catalog  # noqa: E402
 from harness.checks import Verdict  # noqa: E402
 from harness.device import gpu_skip_reason  # noqa: E402
@@ -39,6 +45,8 @@ from reference.methods import Method  # noqa: E402
 from reference.sampler import ReferenceSampler  # noqa: E402
 
 BACKEND = "harness.backends.triton_sampler:TritonBackend"
+FUSED = "harness.backends.triton_fused:FusedTritonBackend"
+PATHS = ("staged", "fused")  # both paths, where a test's batches would take one only by default (auto)
 ALPHA = 1e-6  # false-alarm rate of each statistical test in this file
 POWER = 0.99
 
@@ -47,8 +55,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.*")
 gpu = pytest.mark.skipif(gpu_skip_reason() is not None, reason=gpu_skip_reason() or "")
 
 
-def _sample(batch, device="cpu", **tiles):
-    backend = ts.TritonBackend(device, **tiles)
+def _sample(batch, device="cpu", **options):
+    backend = ts.TritonBackend(device, **options)
     return as_numpy_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts)
 
 
@@ -189,32 +197,36 @@ CHAIN = (Method.STANDARD, Method.STRICT, Method.SYNTHETIC)
     [(1, {}), (2, {}), (1023, {}), (1025, {}), (1025, {"block_v": 256, "splits": 3}), (70001, {})],
     ids=["V1", "V2", "V1023", "V1025", "V1025-split", "V70001"],
 )
-def test_greedy_matches_reference(vocab, tiles):
+@pytest.mark.parametrize("path", PATHS)
+def test_greedy_matches_reference(vocab, tiles, path):
     rng = np.random.default_rng(vocab)
     n = 24 if vocab > 10000 else 60
     batch = _batch(_greedy_requests(rng, vocab, n, CHAIN), vocab)
-    _assert_same(_sample(batch, **tiles), ReferenceSampler().sample(batch), batch)
+    _assert_same(_sample(batch, path=path, **tiles), ReferenceSampler().sample(batch), batch)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("with_draft", [True, False], ids=["draft-logits", "point-mass"])
-def test_greedy_without_or_narrow_draft_vocab(with_draft):
+def test_greedy_without_or_narrow_draft_vocab(with_draft, path):
     rng = np.random.default_rng(7)
     vocab, draft_vocab = 1025, 700
     batch = _batch(_greedy_requests(rng, vocab, 60, CHAIN, draft_vocab), vocab, draft_vocab, with_draft)
-    _assert_same(_sample(batch, block_v=128, splits=2), ReferenceSampler().sample(batch), batch)
+    _assert_same(_sample(batch, block_v=128, splits=2, path=path), ReferenceSampler().sample(batch), batch)
 
 
-def test_greedy_block_verification():
+@pytest.mark.parametrize("path", PATHS)
+def test_greedy_block_verification(path):
     """Block verification at T = 0 is greedy, with or without draft logits."""
     rng = np.random.default_rng(11)
     for with_draft in (False, True):
         batch = _batch(_greedy_requests(rng, 1025, 60, (Method.BLOCK,)), 1025, with_draft=with_draft)
-        got = _sample(batch, block_v=256, splits=3)
+        got = _sample(batch, block_v=256, splits=3, path=path)
         _assert_same(got, _true_greedy(batch), batch)
         _assert_same(got, ReferenceSampler().sample(batch), batch)
 
 
-def test_block_ratio_stays_zero():
+@pytest.mark.parametrize("path", PATHS)
+def test_block_ratio_stays_zero(path):
     """rho = 0 then a draft with draft probability 0: 0 * inf is 0, so block verification at
     T = 0 stays greedy (the reference computed NaN here and accepted draft 0 until it adopted
     the same convention, ``reference.rules.block_step``)."""
@@ -222,35 +234,40 @@ def test_block_ratio_stays_zero():
     draft = np.array([[0, 5, 0, 0], [0, 0, 0, 5], [5, 0, 0, 0]], np.float32)  # argmax 1, 3, 0
     req = dict(target=target, draft=draft, drafts=np.array([0, 2, 3]), temperature=0.0, seed=7, position=0, method=Method.BLOCK)
     batch = _batch([req], 4)
-    tokens, emitted = _sample(batch)
+    tokens, emitted = _sample(batch, path=path)
     assert emitted.tolist() == [1] and tokens[0].tolist() == [1, -1, -1, -1]
     _assert_same((tokens, emitted), ReferenceSampler().sample(batch), batch)
 
 
-def test_greedy_catalog_scenarios():
+@pytest.mark.parametrize("path", PATHS)
+def test_greedy_catalog_scenarios(path):
     profile = get_profile("ci")
     for scenario in catalog(profile, seed=3):
         if scenario.method != "greedy":
             continue
         batch = trials(scenario, materialize(scenario), 0, 40).batch
-        _assert_same(_sample(batch), ReferenceSampler().sample(batch), batch)
+        _assert_same(_sample(batch, path=path), ReferenceSampler().sample(batch), batch)
 
 
 # --- the output laws through the suite's runner ---------------------------------------------------
-def test_smoke_catalog_through_runner():
+# The runner's CPU chunks are whole scenarios (thousands of requests): the default backend
+# runs them on the staged path (the fused path takes its few small ones), FUSED on the fused path.
+@pytest.mark.parametrize("backend", [BACKEND, FUSED], ids=["default", "fused"])
+def test_smoke_catalog_through_runner(backend):
     profile = get_profile("smoke")
-    result = run([BACKEND], catalog(profile, seed=0), profile, seed=0, device="cpu")
+    result = run([backend], catalog(profile, seed=0), profile, seed=0, device="cpu")
     bad = [f"{r.scenario}[{r.template}] {r.check}: {r.verdict} {r.message}" for r in result.records if r.verdict in ("fail", "error")]
     assert not bad, "\n".join(bad)
     assert result.counts()["pass"] > 100
 
 
-def test_split_tiles_catalog_laws():
+@pytest.mark.parametrize("path", PATHS)
+def test_split_tiles_catalog_laws(path):
     """Tiny tiles split over several programs: the same laws (split merging, partial tiles)."""
     profile = get_profile("smoke")
     names = ("standard-near-target", "standard-small-draft-vocab", "standard-no-draft-probs", "standard-large-vocab",
              "strict-fixed", "block-fixed", "block-no-draft-probs", "synthetic-rates")  # fmt: skip
-    backend = ts.TritonBackend("cpu", block_v=2, splits=3)
+    backend = ts.TritonBackend("cpu", block_v=2, splits=3, path=path)
     rng = np.random.default_rng(0)
     failures = []
     for scenario in (s for s in catalog(profile, seed=1) if s.name in names):
@@ -265,19 +282,23 @@ def test_split_tiles_catalog_laws():
 
 
 # --- the far tail -----------------------------------------------------------------------------------
-def _tail_batch(vocab, n, log_ratio, seed_base):
-    """n bonus-only requests over [0, log_ratio, ..., log_ratio]: token 0 against vocab - 1 tail tokens."""
+def _tail_batch(vocab, n, log_ratio, seed_base, residual=False):
+    """n requests over [0, log_ratio, ..., log_ratio]: token 0 against the tail. Bonus-only
+    (no drafts), or ``residual``: one draft, token 1, which the target masks (-inf), so it is
+    always rejected and the replacement comes from the residual max(p - onehot(1), 0) = p."""
     row = np.full(vocab, log_ratio, np.float32)
     row[0] = 0.0
-    b = n
+    b, d = n, int(residual)
+    if residual:
+        row[1] = -np.inf
     return VerifyBatch(
-        np.broadcast_to(row, (b, vocab)), None, np.zeros(0, np.int64), np.zeros(b + 1, np.int64), np.ones(b),
-        seed_base + np.arange(b, dtype=np.int64) * 7919, np.arange(b, dtype=np.int64) * 13, np.zeros(b, np.int8), None, 0,
+        np.broadcast_to(row, (b * (d + 1), vocab)), None, np.ones(b * d, np.int64), np.arange(b + 1, dtype=np.int64) * d, np.ones(b),
+        seed_base + np.arange(b, dtype=np.int64) * 7919, np.arange(b * (d + 1), dtype=np.int64) * 13, np.zeros(b, np.int8), None, d,
     )  # fmt: skip
 
 
-def _tail_rate(vocab, log_ratio):
-    tail = (vocab - 1) * math.exp(float(np.float32(log_ratio)))
+def _tail_rate(tail_tokens, log_ratio):
+    tail = tail_tokens * math.exp(float(np.float32(log_ratio)))
     return tail / (1.0 + tail)
 
 
@@ -288,14 +309,20 @@ def _binomial_check(hits, n, rate, max_shift):
     assert p > ALPHA, f"tail drawn {hits}/{n} = {hits / n:.4g} vs rate {rate:.4g}: p = {p:.3g} <= alpha {ALPHA}"
 
 
-def test_tail_tokens_drawn_at_their_rate():
-    """4095 tail tokens each e^-12 (6e-6) below the head: binomial test at alpha 1e-6 that
-    detects (power 0.99) a 50% error in the tail rate. The interpreter cannot afford the
-    1e-9..1e-12 ratios (about 200 / ratio token draws): ``test_draw_resolves_the_far_tail``
-    covers those exactly, and ``test_gpu_far_tail`` statistically."""
+@pytest.mark.parametrize("path,residual", [("staged", False), ("fused", True)], ids=["staged-bonus", "fused-residual"])
+def test_tail_tokens_drawn_at_their_rate(path, residual):
+    """4095 tail tokens each e^-12 (6e-6) below the head (4094 in the residual): binomial test
+    at alpha 1e-6 that detects (power 0.99) a 50% error in the tail rate (vLLM #43150: a draw
+    in fp32 starves such tokens). The staged path draws bonus tokens (``_pick_kernel``), the
+    fused path replacements from a residual (``_pick``, after its chain rejected the draft);
+    either path draws both with the same code, and they agree token for token
+    (``test_fused_equals_staged``). The interpreter cannot afford the 1e-9..1e-12 ratios
+    (about 200 / ratio token draws): ``test_draw_resolves_the_far_tail`` covers those
+    exactly, and ``test_gpu_far_tail`` statistically."""
     vocab, n, log_ratio = 4096, 10000, -12.0
-    tokens, _ = _sample(_tail_batch(vocab, n, log_ratio, 5))
-    rate = _tail_rate(vocab, log_ratio)
+    tokens, emitted = _sample(_tail_batch(vocab, n, log_ratio, 5, residual), path=path)
+    assert np.all(emitted == 1), "a draft of target probability 0 was accepted"
+    rate = _tail_rate(vocab - 1 - int(residual), log_ratio)
     _binomial_check(int((tokens[:, 0] != 0).sum()), n, rate, 0.5 * rate)
 
 
@@ -318,27 +345,90 @@ def _mixed_requests(rng, vocab, n):
     return out
 
 
-def test_seeded_and_independent_of_batch_mates():
+@pytest.mark.parametrize("path", PATHS)
+def test_seeded_and_independent_of_batch_mates(path):
     rng = np.random.default_rng(5)
     vocab = 300
     reqs = _mixed_requests(rng, vocab, 24)
     batch = _batch(reqs, vocab)
-    first = _sample(batch)
-    again = _sample(batch)
+    first = _sample(batch, path=path)
+    again = _sample(batch, path=path)
     assert np.array_equal(first[0], again[0]) and np.array_equal(first[1], again[1])
     # Keep every other request, reversed, among new batch mates of other methods and counts.
     kept = list(range(0, 24, 2))[::-1]
     mates = _mixed_requests(np.random.default_rng(6), vocab, 10)
     mixed = [reqs[i] for i in kept[:6]] + mates + [reqs[i] for i in kept[6:]]
     where = list(range(6)) + list(range(16, 22))
-    tokens, emitted = _sample(_batch(mixed, vocab))
+    tokens, emitted = _sample(_batch(mixed, vocab), path=path)
     for j, i in zip(where, kept):
         width = len(reqs[i]["drafts"]) + 1
         assert emitted[j] == first[1][i], f"request {i}: emitted {emitted[j]} alone, {first[1][i]} with mates"
         assert tokens[j, :width].tolist() == first[0][i, :width].tolist(), f"request {i} changed with its batch mates"
     # Other seeds give other outputs (the noise is really keyed by the seed).
     reseeded = _batch([{**q, "seed": q["seed"] + 1} for q in reqs], vocab)
-    assert not np.array_equal(_sample(reseeded)[0], first[0])
+    assert not np.array_equal(_sample(reseeded, path=path)[0], first[0])
+
+
+# --- the fused path against the staged path -----------------------------------------------------------
+def _any_requests(rng, vocab, n, draft_vocab, max_drafts):
+    """Every method at temperatures 0, 1e-4, 0.5, 1 and 2, with what ``_greedy_requests`` plants
+    (ties, NaN and masked rows, placeholders), draft rows near the target or not, some fully
+    masked, and random synthetic rates."""
+    out = _greedy_requests(rng, vocab, n, (Method.STANDARD, Method.STRICT, Method.BLOCK, Method.SYNTHETIC), draft_vocab, max_drafts)
+    for q in out:
+        d = len(q["drafts"])
+        q["temperature"] = float(rng.choice([0.0, 1e-4, 0.5, 1.0, 2.0]))
+        if rng.random() < 0.5:
+            q["draft"] = q["target"][:d, :draft_vocab] + rng.normal(0.0, 0.5, (d, draft_vocab))
+        q["draft"] = np.nan_to_num(q["draft"], nan=0.0, posinf=0.0, neginf=-np.inf)  # draft logits are never NaN
+        if d and rng.random() < 0.2:
+            q["draft"][rng.integers(d)] = -np.inf
+        q["rates"] = rng.random(d)
+    return out
+
+
+@pytest.mark.parametrize(
+    "vocab,draft_vocab,with_draft,tiles",
+    [
+        (300, 300, True, {}),  # one tile, one split
+        (1025, 700, True, {"block_v": 256, "splits": 3}),  # a narrower draft vocabulary in fewer splits
+        (33, 33, False, {"block_v": 8, "splits": 2}),  # no draft logits; partial last tile
+        (7, 5, True, {"block_v": 4, "splits": 3}),  # tiles and splits past a tiny vocabulary
+        (2, 2, True, {}),
+    ],
+    ids=["V300", "V1025-draft700-split3", "V33-no-draft-split2", "V7-draft5-split3", "V2"],
+)
+def test_fused_equals_staged(vocab, draft_vocab, with_draft, tiles):
+    """The fused path's outputs are the staged path's, token for token, on mixed batches
+    (the same tiles, reductions and counter-based uniforms drive the same decisions)."""
+    for seed in range(3):
+        rng = np.random.default_rng([vocab, seed])
+        batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
+        _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
+
+
+def test_path_dispatch():
+    """auto: fused up to ``fused_max_requests`` requests, staged above; a planted fault always staged."""
+    assert ts.takes_fused_path("auto", ts.FUSED_MAX_REQUESTS) and not ts.takes_fused_path("auto", ts.FUSED_MAX_REQUESTS + 1)
+    assert ts.takes_fused_path("auto", 10, fused_max_requests=10) and not ts.takes_fused_path("auto", 11, fused_max_requests=10)
+    assert ts.takes_fused_path("fused", 10**6) and not ts.takes_fused_path("staged", 1)
+    assert not ts.takes_fused_path("fused", 1, fault=3) and not ts.takes_fused_path("auto", 1, fault=3)
+    with pytest.raises(ValueError, match="path"):
+        ts.TritonBackend(path="fast")
+
+
+def test_faults_take_the_staged_path(monkeypatch):
+    """A planted fault lives in the staged kernels: a fault backend never calls the fused path."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fused path ran a planted fault")
+
+    monkeypatch.setattr(tf, "verify_fused", refuse)
+    batch = _batch(_mixed_requests(np.random.default_rng(1), 16, 4), 16)
+    tokens, emitted = as_numpy_outputs(TritonFaultBackend("bonus-wrong-row").sample(batch), batch.num_requests, batch.max_drafts)
+    assert np.all((emitted >= 1) & (emitted <= batch.max_drafts + 1))
+    with pytest.raises(AssertionError, match="fused path ran"):
+        _sample(batch, path="fused")
 
 
 # --- GPU --------------------------------------------------------------------------------------------
@@ -440,5 +530,5 @@ def test_gpu_far_tail():
             torch.zeros(chunk, dtype=torch.int8, device="cuda"), None, 0, has_strict=False, has_block=False, has_synthetic=False,
         )  # fmt: skip
         hits += int((tokens[:, 0] != 0).sum())
-    rate = _tail_rate(vocab, log_ratio)
+    rate = _tail_rate(vocab - 1, log_ratio)
     _binomial_check(hits, chunk * chunks, rate, 0.4 * rate)

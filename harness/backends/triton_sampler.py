@@ -26,6 +26,9 @@ output depends on its own inputs only, and tiles depend on the vocabulary alone.
 
 Conventions follow ``reference`` (block verification's running ratio stays 0 once 0:
 ``0 * inf = 0``, as ``reference.rules.block_step``).
+
+Batches of up to ``FUSED_MAX_REQUESTS`` requests take the fused path instead
+(``harness.backends.triton_fused``: the same outputs in three launches); ``path`` chooses.
 """
 
 import os
@@ -698,18 +701,48 @@ class _Context:
         )  # fmt: skip
 
 
+# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3 launches, 3
+# allocations, no host sync, the same tiles and memory traffic) up to this many requests and
+# the staged pipeline (~10 launches and a dozen allocations: ~0.05 ms under CUDA graphs on an
+# H200 at B = 1, ~0.3 ms eager) above. 256 covers every shape where the staged path was
+# measured slower than vLLM MRV2 (benchmarks/RESULTS.md: under graphs B <= 64 at every V and
+# B = 256 at V = 32000; eager also B = 256 at K = 1) and leaves B = 1024, where its device
+# time was measured as fast or faster at every V and K (eager it still loses at V = 32000,
+# K <= 4: Python launch work), to the staged path until the fused path is measured there.
+FUSED_MAX_REQUESTS = 256
+PATHS = ("auto", "fused", "staged")
+
+
+def takes_fused_path(path: str, num_requests: int, fused_max_requests: int = FUSED_MAX_REQUESTS, fault: int = 0) -> bool:
+    """Whether ``verify`` runs a batch of ``num_requests`` on the fused path. Planted faults
+    (``fault != 0``) always take the staged path: they are planted in its kernels."""
+    if path not in PATHS:
+        raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
+    return fault == 0 and (path == "fused" or (path == "auto" and num_requests <= fused_max_requests))
+
+
 def verify(
     target_logits, draft_logits, draft_tokens, cu_num_drafts, temperature, seeds, positions, methods,
     synthetic_rates, max_drafts: int, *, has_strict: bool = True, has_block: bool = True, has_synthetic: bool = True,
-    block_v: int | None = None, splits: int | None = None, fault: int = 0,
+    block_v: int | None = None, splits: int | None = None, fault: int = 0, path: str = "auto",
+    fused_max_requests: int = FUSED_MAX_REQUESTS,
 ):  # fmt: skip
     """Device-side verification of one batch of torch tensors (``VerifyBatch`` layout).
 
     The ``has_*`` flags only skip work (a method absent from the batch); leaving them True
     is always correct. ``fault``: a planted bug's code (``harness.triton_faults``), 0 none.
+    ``path``: "fused", "staged", or "auto" (fused up to ``fused_max_requests`` requests;
+    faults always staged: ``takes_fused_path``); both give the same outputs.
     Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)``; slots past ``num_emitted``
     hold -1.
     """
+    if takes_fused_path(path, cu_num_drafts.numel() - 1, fused_max_requests, fault):
+        from harness.backends.triton_fused import verify_fused  # imports this module's helpers
+
+        return verify_fused(
+            target_logits, draft_logits, draft_tokens, cu_num_drafts, temperature, seeds, positions, methods, synthetic_rates,
+            max_drafts, has_strict=has_strict, has_block=has_block, has_synthetic=has_synthetic, block_v=block_v, splits=splits,
+        )  # fmt: skip
     dev = target_logits.device
     cuda = dev.type == "cuda"
     b = cu_num_drafts.numel() - 1
@@ -797,7 +830,8 @@ class TritonBackend:
 
     ``device`` is "cpu" (Triton interpreter, TRITON_INTERPRET=1) or "cuda"; the runner sets it.
     On CUDA, logits are cast to ``batch.logits_dtype`` (exact by the protocol: half the
-    bytes to read for bf16 / fp16 batches).
+    bytes to read for bf16 / fp16 batches). ``path``: "auto" (fused up to
+    ``fused_max_requests`` requests, staged above), "fused" or "staged" (``verify``).
     """
 
     name = "triton"
@@ -805,14 +839,27 @@ class TritonBackend:
     device_batches = True  # takes batches built on its device (harness.device_trials)
     shared_rows = True  # reads rows through their stride: stride-0 logits stay views
 
-    def __init__(self, device: str = "cpu", block_v: int | None = None, splits: int | None = None):
+    def __init__(
+        self, device: str = "cpu", block_v: int | None = None, splits: int | None = None, path: str = "auto",
+        fused_max_requests: int = FUSED_MAX_REQUESTS,
+    ):  # fmt: skip
         self.device = device
         self.tiles = {"block_v": block_v, "splits": splits}  # None: chosen from the vocabulary
+        takes_fused_path(path, 0)  # a wrong name fails here, not at the first batch
+        self.path = {"path": path, "fused_max_requests": fused_max_requests}
 
     def sample(self, batch):
         if self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("triton backend on cpu needs TRITON_INTERPRET=1 set before triton is imported")
-        methods = host(batch.methods)
+        flags = {}  # the has_* flags: all True unless known
+        fused = takes_fused_path(**self.path, num_requests=batch.num_requests, fault=self.tiles.get("fault", 0))
+        if not (fused and getattr(batch.methods, "is_cuda", False)):  # reading a CUDA batch's methods synchronizes
+            methods = host(batch.methods)
+            flags = dict(
+                has_strict=bool((methods == Method.STRICT).any()),
+                has_block=bool((methods == Method.BLOCK).any()),
+                has_synthetic=bool((methods == Method.SYNTHETIC).any()),
+            )
         t = batch.to_torch(self.device)
         # The interpreter reads fp32; CUDA reads the batch's dtype (half the bytes for bf16 / fp16).
         dtype = torch.float32 if self.device == "cpu" else getattr(torch, getattr(batch, "logits_dtype", "float32"))
@@ -820,9 +867,5 @@ class TritonBackend:
         t["draft_logits"] = None if t["draft_logits"] is None else rows.cast(t["draft_logits"], dtype)
         return verify(
             t["target_logits"], t["draft_logits"], t["draft_tokens"], t["cu_num_drafts"], t["temperature"], t["seeds"],
-            t["positions"], t["methods"], t["synthetic_rates"], batch.max_drafts,
-            has_strict=bool((methods == Method.STRICT).any()),
-            has_block=bool((methods == Method.BLOCK).any()),
-            has_synthetic=bool((methods == Method.SYNTHETIC).any()),
-            **self.tiles,
+            t["positions"], t["methods"], t["synthetic_rates"], batch.max_drafts, **flags, **self.tiles, **self.path,
         )  # fmt: skip

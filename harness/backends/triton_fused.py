@@ -1,0 +1,597 @@
+"""The fused small-batch path of the suite's Triton sampler (``verify(..., path="fused")``).
+
+The staged pipeline of ``harness.backends.triton_sampler`` launches up to ten kernels per
+call (row statistics and their merge for target and draft, owners, chain, strict draws,
+block masses and stop, draw masses and pick) and allocates a dozen tensors. This path does
+the same work for every method in three launches, three allocations (outputs and one float64
+scratch) and no host synchronization:
+
+1. ``_fused_stats_kernel``, grid ((request, step) blocks, vocabulary splits): target row k
+   and draft row k of request r over one split, by the staged path's own tile loop
+   (``_stats_step``, ``_store_final``): final statistics when the vocabulary is one split,
+   per-split partials otherwise.
+2. ``_fused_mass_kernel``, grid (request blocks, splits): merges the partials of the rows it
+   reads (in split order, as ``_combine_kernel``), decides every step of the acceptance chain
+   at once (standard, greedy, synthetic) and block verification's running ratios, then sums
+   over its split the weights of every draw its requests may need: the residual or bonus row
+   of a chain request, every row up to the first placeholder of a strict or block request.
+   Every split's program decides the chain (a few gathers per draft); the first split's
+   programs write it for step 3.
+3. ``_fused_pick_kernel``, grid (request blocks): strict requests' own target samples (stream
+   TARGET), block verification's stop, the final draw by inverse CDF inside the split holding
+   ``u * total`` (``_pick_kernel``'s algorithm), and every output slot (-1 past the emitted
+   count, so the outputs need no fill).
+
+The tiles, the order of every reduction and the noise (``_uniform`` keyed by (seed,
+position, stream)) are the staged path's, so the outputs are the staged path's token for
+token (``suites/test_triton.py`` checks it under the interpreter). On CUDA a program holds
+the staged kernels' tile (one row or request of 2048-wide tiles for V >= 2048), so the
+reductions are laid out alike; a compiler could still contract a multiply-add differently in
+the two paths, which would move a draw only when its uniform lies within an ulp of a token's
+boundary. The interpreter takes the largest tiles Triton allows (it pays per operation and
+per program; a reduction over a row does not depend on how many rows the tile holds).
+
+Planted faults (``fault != 0``) never come here: they live in the staged kernels.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from harness.backends.triton_sampler import (
+    _ACCEPT,
+    _BLOCK,
+    _BLOCK_STREAM,
+    _LOG2E,
+    _LOWEST,
+    _NO_ID,
+    _RESIDUAL,
+    _STRICT,
+    _SYNTHETIC,
+    _TARGET,
+    TritonBackend,
+    _inv_temperature,
+    _stats_step,
+    _store_final,
+    _tile_weights,
+    _tiles,
+    _uniform,
+)
+
+
+# --- row statistics -----------------------------------------------------------------------------
+@triton.jit
+def _stats_at(base, size):
+    """The four statistics arrays (max, sum or log-sum, argmax, NaN or degenerate flag) from ``base``."""
+    return base, base + size, base + 2 * size, base + 3 * size
+
+
+@triton.jit
+def _split_stats(
+    logits, stride, width, rows, valid, scale, split, split_len, out_m, out_s, out_arg, out_nan,
+    NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """``_stats_kernel``'s loop over one split for the given rows (one per lane)."""
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, width)
+    full = lo + (hi - lo) // BLOCK_V * BLOCK_V
+    base = logits + rows.to(tl.int64)[:, None] * stride
+    m = tl.full([BLOCK_R], _LOWEST, tl.float32)
+    s = tl.zeros([BLOCK_R], tl.float32)
+    best = tl.zeros([BLOCK_R], tl.int32) + lo
+    for start in range(lo, full, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)[None, :]
+        a = tl.load(base + cols, mask=valid[:, None], other=float("-inf")).to(tl.float32)
+        m, s, best = _stats_step(a, m, s, best, start, scale, 0)
+    if full < hi:
+        cols = full + tl.arange(0, BLOCK_V)[None, :]
+        a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
+        m, s, best = _stats_step(a, m, s, best, full, scale, 0)
+    cols = best[:, None] + tl.arange(0, BLOCK_V)[None, :]
+    a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
+    arg = tl.min(tl.where(a == m[:, None], cols, _NO_ID), axis=1)  # lowest id among the maxima
+    nan = (s != s).to(tl.int32)
+    if NSPLIT == 1:
+        _store_final(rows, valid, m, s, arg, nan, out_m, out_s, out_arg, out_nan, 0)
+    else:
+        part = rows * NSPLIT + split
+        tl.store(out_m + part, m, mask=valid)
+        tl.store(out_s + part, s, mask=valid)
+        tl.store(out_arg + part, arg, mask=valid)
+        tl.store(out_nan + part, nan, mask=valid)
+
+
+@triton.jit
+def _final_stats(s_m, s_s, s_arg, s_nan, rows, mask, scale, NSPLIT: tl.constexpr):
+    """Final statistics of ``rows`` (any shape; ``scale`` broadcasts to it): max, log of the
+    sum, argmax (int64) and degenerate flag; partials merged as ``_combine_kernel`` merges them."""
+    if NSPLIT == 1:
+        m = tl.load(s_m + rows, mask=mask, other=0.0).to(tl.float32)
+        logs = tl.load(s_s + rows, mask=mask, other=0.0).to(tl.float32)
+        arg = tl.load(s_arg + rows, mask=mask, other=0.0).to(tl.int64)
+        bad = tl.load(s_nan + rows, mask=mask, other=0.0) != 0
+    else:
+        m = tl.full(rows.shape, _LOWEST, tl.float32)
+        s = tl.zeros(rows.shape, tl.float32)
+        arg32 = tl.zeros(rows.shape, tl.int32)
+        nan = tl.zeros(rows.shape, tl.int32)
+        for k in tl.static_range(NSPLIT):
+            part = rows * NSPLIT + k
+            mk = tl.load(s_m + part, mask=mask, other=_LOWEST).to(tl.float32)
+            sk = tl.load(s_s + part, mask=mask, other=0.0).to(tl.float32)
+            arg32 = tl.where((mk > m) & (sk > 0), tl.load(s_arg + part, mask=mask, other=0.0).to(tl.int32), arg32)
+            nan = tl.maximum(nan, tl.load(s_nan + part, mask=mask, other=0.0).to(tl.int32))
+            new_m = tl.maximum(m, mk)
+            s = s * tl.exp2((m - new_m) * scale) + sk * tl.exp2((mk - new_m) * scale)
+            m = new_m
+        bad = (nan != 0) | (s == 0)
+        logs = tl.log(s)
+        arg = tl.where(bad, 0, arg32).to(tl.int64)
+    return m, logs, arg, bad
+
+
+@triton.jit
+def _lp(logits, stride, width, m, logs, arg, bad, row, x, inv_t, greedy, mask):
+    """``_logprob`` from statistics in registers: log p(x) of one row per lane (a point
+    mass on the argmax for greedy or degenerate rows, 0 outside the row's vocabulary)."""
+    inside = mask & (x >= 0) & (x < width)
+    a = tl.load(logits + row.to(tl.int64) * stride + x, mask=inside, other=float("-inf")).to(tl.float32)
+    lp = tl.where(inside, (a - m) * inv_t - logs, float("-inf"))
+    return tl.where(greedy | bad, tl.where(x == arg, 0.0, float("-inf")), lp)
+
+
+@triton.jit
+def _column(mat, j, KP: tl.constexpr):
+    """``mat[lane, j[lane]]`` of a [lanes, KP] tensor (exact: one term and zeros)."""
+    return tl.sum(tl.where(tl.arange(0, KP)[None, :] == j[:, None], mat, 0), axis=1)
+
+
+# --- the chain ------------------------------------------------------------------------------------
+@triton.jit
+def _request(cu, temperature, seeds, methods, B, BLOCK_R: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    valid = r < B
+    start = tl.load(cu + r, mask=valid, other=0)
+    cnt = tl.load(cu + r + 1, mask=valid, other=0) - start
+    temp = tl.load(temperature + r, mask=valid, other=1.0)
+    seed = tl.load(seeds + r, mask=valid, other=0)
+    method = tl.load(methods + r, mask=valid, other=0).to(tl.int32)
+    return r, valid, start, cnt, temp, seed, method
+
+
+@triton.jit
+def _chain(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan,
+    positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
+    HAS_DRAFT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
+    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr,
+):  # fmt: skip
+    """``_chain_kernel``'s decisions, every step at once: the drafts ``x`` [lanes, KP] (-1
+    past the count), ``n`` drafts accepted by the standard / greedy / synthetic rule,
+    whether step ``n`` rejected, ``n_eff`` drafts before the first placeholder, and block
+    verification's running ratios ``rhos`` [lanes, KP] (rho_0 = 1; valid up to n_eff)."""
+    ks = tl.arange(0, KP)[None, :]
+    step = valid[:, None] & (ks < cnt[:, None])
+    x = tl.load(drafts + start[:, None] + ks, mask=step, other=-1)  # -1: placeholder or none
+    good = step & (x >= 0)
+    greedy = (temp == 0)[:, None]
+    inv_t = _inv_temperature(temp)
+    scale = (inv_t * _LOG2E)[:, None]
+    inv_t = inv_t[:, None]
+    row = (start + r)[:, None] + ks
+    tm, tlogs, targ, tbad = _final_stats(t_m, t_s, t_arg, t_nan, row, good, scale, T_NSPLIT)
+    lt = _lp(t_logits, t_stride, V, tm, tlogs, targ, tbad, row, x, inv_t, greedy, good)
+    lq = tl.zeros_like(lt)
+    if HAS_DRAFT:
+        drow = start[:, None] + ks
+        dm, dlogs, darg, dbad = _final_stats(d_m, d_s, d_arg, d_nan, drow, good, scale, D_NSPLIT)
+        lq = _lp(d_logits, d_stride, Vd, dm, dlogs, darg, dbad, drow, x, inv_t, greedy, good)
+    u = _uniform(seed[:, None], tl.load(positions + row, mask=good, other=0), _ACCEPT)
+    # standard: min(1, t/q), t/0 = inf for t > 0, 0/0 = 0; no draft row: q(x) = 1
+    ok = u < tl.where(lt == float("-inf"), 0.0, tl.exp(tl.minimum(lt - lq, 0.0))).to(tl.float64)
+    if HAS_SYNTH:
+        synth = (method == _SYNTHETIC)[:, None]
+        rate = tl.load(rates + r[:, None] * K + ks, mask=good & synth, other=0.0)
+        ok = tl.where(synth, u < rate, ok)
+    n = tl.min(tl.where(good & ok, KP, ks), axis=1)  # the first step that does not accept
+    n_eff = tl.min(tl.where(good, KP, ks), axis=1)
+    rhos = tl.where(ks == 0, 1.0, tl.zeros_like(lt))
+    if HAS_BLOCK:
+        blk = valid & (method == _BLOCK)
+        ratio = tl.where(lt == float("-inf"), 0.0, tl.exp(lt - lq))
+        rho = tl.full(temp.shape, 1.0, tl.float32)
+        for k in range(0, K):
+            bact = blk & (k < n_eff)
+            ratio_k = tl.sum(tl.where(ks == k, ratio, 0.0), axis=1)
+            rho = tl.where(bact, tl.where(rho == 0, 0.0, tl.minimum(rho * ratio_k, 1.0)), rho)
+            rhos = tl.where(ks == k + 1, rho[:, None], rhos)
+    return x, n, n < n_eff, n_eff, rhos
+
+
+# --- draws ----------------------------------------------------------------------------------------
+@triton.jit
+def _job(
+    t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, trow, drow, m, logs, rho, act, scale,
+    HAS_DRAFT: tl.constexpr, D_NSPLIT: tl.constexpr,
+):  # fmt: skip
+    """``_job_rows`` for one draw per lane, as [lanes, 1] columns: target row ``trow`` (max
+    ``m``, log-sum ``logs``), or its residual max(rho * target - draft, 0) when rho >= 0."""
+    resid = act & (rho >= 0)
+    if HAS_DRAFT:
+        dm, dlogs, _, dbad = _final_stats(d_m, d_s, d_arg, d_nan, drow, resid, scale, D_NSPLIT)
+        use_draft = resid & ~dbad
+        excl = tl.where(resid & dbad, 0, -1).to(tl.int64)[:, None]  # degenerate draft: one-hot on 0
+        dm = tl.where(use_draft, dm, 0.0)
+        dlogs2 = tl.where(use_draft, dlogs, 0.0) * _LOG2E
+    else:
+        dm = tl.zeros_like(m)
+        dlogs2 = tl.zeros_like(m)
+        use_draft = resid & False
+        excl = tl.load(drafts + drow[:, None], mask=resid[:, None], other=-1)
+    m = tl.where(act, m, 0.0)
+    logs2 = tl.where(act, logs, 0.0) * _LOG2E
+    return (
+        trow[:, None], drow[:, None], m[:, None], logs2[:, None], dm[:, None], dlogs2[:, None], scale[:, None],
+        rho[:, None], act[:, None], resid[:, None], use_draft[:, None], excl,
+    )  # fmt: skip
+
+
+@triton.jit
+def _split_mass(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
+    use_draft, excl, act, split, split_len, out_w, out_t, HAS_DRAFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """``_mass_kernel``'s sums over one split: the job's weights into ``out_w``, its target row into ``out_t``."""
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, V)
+    acc_w = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)  # per lane: a few dozen terms at most
+    acc_t = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
+    for start in range(lo, hi, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)[None, :]
+        w, t = _tile_weights(
+            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
+            rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT, 0, False,
+        )  # fmt: skip
+        acc_w += w
+        acc_t += t
+    tl.store(out_w, tl.sum(acc_w.to(tl.float64), axis=1), mask=act)
+    tl.store(out_t, tl.sum(acc_t.to(tl.float64), axis=1), mask=act)
+
+
+@triton.jit
+def _pick(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
+    use_draft, excl, act, mass_w, mass_t, u, split_len,
+    HAS_DRAFT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """``_pick_kernel``'s inverse CDF for one job per lane; ``mass_w`` / ``mass_t`` point at
+    each lane's NSPLIT split masses. Returns the token (int64)."""
+    total_w = tl.zeros([BLOCK_R], tl.float64)
+    total_t = tl.zeros([BLOCK_R], tl.float64)
+    for k in tl.static_range(NSPLIT):
+        total_w += tl.load(mass_w + k, mask=act, other=0.0)
+        total_t += tl.load(mass_t + k, mask=act, other=0.0)
+    use_w = total_w > 0  # else the residual is empty: fall back to the target row
+    threshold = u * tl.where(use_w, total_w, total_t)
+    below = tl.zeros([BLOCK_R], tl.float64)
+    chosen = tl.full([BLOCK_R], -1, tl.int32)
+    last_split = tl.zeros([BLOCK_R], tl.int32)
+    frac = tl.zeros([BLOCK_R], tl.float64)
+    for k in tl.static_range(NSPLIT):
+        mass_k = tl.load(mass_w + k, mask=act, other=0.0)
+        mass = tl.where(use_w, mass_k, tl.load(mass_t + k, mask=act, other=0.0))
+        take = (chosen < 0) & (mass > 0) & (below + mass > threshold)
+        frac = tl.where(take, (threshold - below) / tl.where(mass > 0, mass, 1.0), frac)
+        chosen = tl.where(take, k, chosen)
+        last_split = tl.where(mass > 0, k, last_split)
+        below += mass
+    frac = tl.minimum(tl.where(chosen < 0, 1.0, frac), 1.0)  # rounding past the total: the end
+    lo = (tl.where(chosen < 0, last_split, chosen) * split_len)[:, None]
+    hi = tl.minimum(lo + split_len, V)
+    weigh = resid & use_w[:, None]
+    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float64)
+    for start in range(0, split_len, BLOCK_V):
+        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
+        w, _ = _tile_weights(
+            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
+            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, 0, False,
+        )  # fmt: skip
+        acc += w.to(tl.float64)
+    left = (frac * tl.sum(acc, axis=1))[:, None]
+    running = tl.zeros([BLOCK_R, 1], tl.float64)
+    token = tl.full([BLOCK_R], _NO_ID, tl.int32)
+    last = tl.full([BLOCK_R], -1, tl.int32)
+    for start in range(0, split_len, BLOCK_V):
+        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
+        w, _ = _tile_weights(
+            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
+            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, 0, True,
+        )  # fmt: skip
+        csum = tl.cumsum(w.to(tl.float64), axis=1) + running
+        passed = (csum > left) & (w > 0)
+        token = tl.minimum(token, tl.min(tl.where(passed, cols, _NO_ID), axis=1))
+        last = tl.maximum(last, tl.max(tl.where(w > 0, cols, -1), axis=1))
+        running = tl.max(csum, axis=1)[:, None]
+    return tl.where(token == _NO_ID, last, token).to(tl.int64)  # rounding at the split's end
+
+
+# --- kernels --------------------------------------------------------------------------------------
+@triton.jit
+def _fused_stats_kernel(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, K, B, scratch, t_size, d_off, d_size,
+    t_split_len, d_split_len, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
+    BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Target row k and draft row k of request r over one vocabulary split, one (r, k) per lane."""
+    lane = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    split = tl.program_id(1)
+    r = lane // (K + 1)
+    k = lane % (K + 1)
+    valid = r < B
+    start = tl.load(cu + r, mask=valid, other=0)
+    cnt = tl.load(cu + r + 1, mask=valid, other=0) - start
+    scale = _inv_temperature(tl.load(temperature + r, mask=valid, other=1.0)) * _LOG2E
+    t_valid = valid & (k <= cnt)
+    if (split < T_NSPLIT) & (tl.max(t_valid.to(tl.int32), axis=0) > 0):
+        t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
+        _split_stats(
+            t_logits, t_stride, V, start + r + k, t_valid, scale, split, t_split_len, t_m, t_s, t_arg, t_nan,
+            T_NSPLIT, BLOCK_R, T_BLOCK_V,
+        )  # fmt: skip
+    if HAS_DRAFT:
+        d_valid = valid & (k < cnt)
+        if (split < D_NSPLIT) & (tl.max(d_valid.to(tl.int32), axis=0) > 0):
+            d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
+            _split_stats(
+                d_logits, d_stride, Vd, start + k, d_valid, scale, split, d_split_len, d_m, d_s, d_arg, d_nan,
+                D_NSPLIT, BLOCK_R, D_BLOCK_V,
+            )  # fmt: skip
+
+
+@triton.jit
+def _fused_mass_kernel(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len,
+    HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
+    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """The chain (written for ``_fused_pick_kernel`` by the first split's programs), then
+    every draw's weight sums over this program's split: the final row of chain requests (if
+    not a point mass), rows 0..n_eff of strict and block requests."""
+    split = tl.program_id(1)
+    r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
+    d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
+    x, n, rejected, n_eff, rhos = _chain(
+        t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan,
+        positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
+        HAS_DRAFT, HAS_SYNTH, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP,
+    )  # fmt: skip
+    first_split = valid & (split == 0)
+    chain = scratch + c_off
+    tl.store(chain + r, n, mask=first_split)
+    tl.store(chain + B + r, rejected.to(tl.int32), mask=first_split)
+    tl.store(chain + 2 * B + r, n_eff, mask=first_split)
+    if HAS_BLOCK:
+        ks = tl.arange(0, KP)[None, :]
+        tl.store(chain + 3 * B + r[:, None] * (K + 1) + ks, rhos, mask=first_split[:, None] & (ks <= K))
+    greedy = temp == 0
+    scale = _inv_temperature(temp) * _LOG2E
+    strict = valid & False
+    blk = valid & False
+    if HAS_STRICT:
+        strict = valid & (method == _STRICT)
+    if HAS_BLOCK:
+        blk = valid & (method == _BLOCK)
+    seq = strict | blk  # a draw may come from any row up to the first placeholder
+    first = tl.where(seq, 0, n)
+    count = tl.where(seq, n_eff + 1, valid.to(tl.int32))
+    rho_chain = tl.where(strict, -1.0, tl.where(rejected, 1.0, -1.0))
+    mass_w = scratch + m_off
+    for i in range(0, tl.max(count, axis=0)):
+        slot = first + i
+        trow = start + r + slot
+        m, logs, _, bad = _final_stats(t_m, t_s, t_arg, t_nan, trow, i < count, scale, T_NSPLIT)
+        act = (i < count) & ~(greedy | bad)  # a point-mass row needs no draw
+        rho = rho_chain
+        if HAS_BLOCK:
+            rho = tl.where(blk, tl.where(slot == n_eff, -1.0, _column(rhos, slot, KP)), rho_chain)
+        j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
+            t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
+        )
+        at = (r * (K + 1) + slot) * T_NSPLIT + split
+        _split_mass(
+            t_logits, t_stride, V, d_logits, d_stride, Vd, j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho,
+            j_active, j_resid, j_use_draft, j_excl, act, split, split_len, mass_w + at, mass_w + m_size + at,
+            HAS_DRAFT, BLOCK_R, BLOCK_V,
+        )  # fmt: skip
+
+
+@triton.jit
+def _draw(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, positions,
+    mass_w, m_size, r, start, trow, slot, m, logs, rho, act, scale, seed, K, split_len,
+    STREAM: tl.constexpr, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """One draw per active lane from target row ``trow`` (or its residual, rho >= 0) with the
+    masses ``_fused_mass_kernel`` summed for ``slot``, by the uniform of (seed, position, STREAM)."""
+    j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
+        t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
+    )
+    u = _uniform(seed, tl.load(positions + trow, mask=act, other=0), STREAM)
+    at = (r * (K + 1) + slot) * T_NSPLIT
+    return _pick(
+        t_logits, t_stride, V, d_logits, d_stride, Vd, j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho,
+        j_active, j_resid, j_use_draft, j_excl, act, mass_w + at, mass_w + m_size + at, u, split_len,
+        HAS_DRAFT, T_NSPLIT, BLOCK_R, BLOCK_V,
+    )  # fmt: skip
+
+
+@triton.jit
+def _fused_pick_kernel(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, tokens, emitted,
+    HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
+    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Strict requests' target samples, block verification's stop, the final draw and every
+    output slot, from the chain ``_fused_mass_kernel`` wrote."""
+    r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
+    d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
+    ks = tl.arange(0, KP)[None, :]
+    x = tl.load(drafts + start[:, None] + ks, mask=valid[:, None] & (ks < cnt[:, None]), other=-1)
+    chain = scratch + c_off
+    n = tl.load(chain + r, mask=valid, other=0).to(tl.int32)
+    rejected = tl.load(chain + B + r, mask=valid, other=0) != 0
+    n_eff = tl.load(chain + 2 * B + r, mask=valid, other=0).to(tl.int32)
+    greedy = temp == 0
+    inv_t = _inv_temperature(temp)
+    scale = inv_t * _LOG2E
+    row0 = start + r
+    mass_w = scratch + m_off
+    fin = n  # the row of the emitted token
+    rho_fin = tl.where(rejected, 1.0, -1.0)
+    strict_rejected = valid & False
+    strict_token = tl.zeros_like(start)
+    if HAS_STRICT:
+        # Strict: accept while the target's own sample (stream TARGET) equals the draft.
+        strict = valid & (method == _STRICT)
+        live = strict
+        accepted = tl.zeros_like(n)
+        for k in range(0, tl.max(tl.where(strict, n_eff, 0), axis=0)):
+            xk = _column(x, tl.zeros_like(n) + k, KP)
+            act = live & (xk >= 0)
+            m, logs, arg, bad = _final_stats(t_m, t_s, t_arg, t_nan, row0 + k, act, scale, T_NSPLIT)
+            point = greedy | bad
+            y = arg
+            need = act & ~point
+            if tl.max(need.to(tl.int32), axis=0) > 0:
+                drawn = _draw(
+                    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts,
+                    positions, mass_w, m_size, r, start, row0 + k, tl.zeros_like(n) + k, m, logs, tl.full(temp.shape, -1.0, tl.float32),
+                    need, scale, seed, K, split_len, _TARGET, HAS_DRAFT, T_NSPLIT, D_NSPLIT, BLOCK_R, BLOCK_V,
+                )  # fmt: skip
+                y = tl.where(point, arg, drawn)
+            ok = y == xk
+            accepted = tl.where(act & ok, k + 1, accepted)
+            strict_rejected = strict_rejected | (act & ~ok)
+            strict_token = tl.where(act, y, strict_token)
+            live = act & ok
+        fin = tl.where(strict, accepted, fin)
+        rho_fin = tl.where(strict, -1.0, rho_fin)
+    if HAS_BLOCK:
+        # Block verification's stop: the last i with eta_i <= h_i (``_block_kernel``).
+        blk = valid & (method == _BLOCK)
+        stop = tl.zeros_like(n)
+        for i in range(1, tl.max(tl.where(blk, n_eff, 0), axis=0) + 1):
+            live = blk & (i <= n_eff)
+            inner = live & (i < n_eff)
+            rho = tl.load(chain + 3 * B + r * (K + 1) + i, mask=live, other=1.0).to(tl.float32)
+            row = row0 + i
+            _m, _logs, pt, bad = _final_stats(t_m, t_s, t_arg, t_nan, row, inner, scale, T_NSPLIT)
+            point = greedy | bad
+            # A point-mass target row (T = 0 or degenerate): R = max(rho - draft(pt), 0).
+            if HAS_DRAFT:
+                dm, dlogs, darg, dbad = _final_stats(d_m, d_s, d_arg, d_nan, start + i, inner & point, scale, D_NSPLIT)
+                q_pt = tl.exp(_lp(d_logits, d_stride, Vd, dm, dlogs, darg, dbad, start + i, pt, inv_t, greedy, inner & point))
+            else:
+                q_pt = (tl.load(drafts + start + i, mask=inner & point, other=-1) == pt).to(tl.float32)
+            mass = tl.where(point, tl.maximum(rho - q_pt, 0.0), 0.0).to(tl.float64)
+            for sp in tl.static_range(T_NSPLIT):
+                mass += tl.load(mass_w + (r * (K + 1) + i) * T_NSPLIT + sp, mask=inner & ~point, other=0.0)
+            denom = mass + 1.0 - rho
+            h = tl.where(inner, tl.where(denom > 0, mass / tl.where(denom > 0, denom, 1.0), 1.0), rho)
+            eta = _uniform(seed, tl.load(positions + row - 1, mask=live, other=0), _BLOCK_STREAM)
+            stop = tl.where(live & (eta <= h), i, stop)
+        fin = tl.where(blk, stop, fin)
+        rho_stop = tl.load(chain + 3 * B + r * (K + 1) + stop, mask=blk, other=1.0).to(tl.float32)
+        rho_fin = tl.where(blk, tl.where(stop == n_eff, -1.0, rho_stop), rho_fin)
+    m, logs, pt, bad = _final_stats(t_m, t_s, t_arg, t_nan, row0 + fin, valid, scale, T_NSPLIT)
+    token = tl.where(strict_rejected, strict_token, pt)
+    draw = valid & ~(greedy | bad | strict_rejected)
+    if tl.max(draw.to(tl.int32), axis=0) > 0:
+        drawn = _draw(
+            t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts,
+            positions, mass_w, m_size, r, start, row0 + fin, fin, m, logs, rho_fin, draw, scale, seed, K, split_len,
+            _RESIDUAL, HAS_DRAFT, T_NSPLIT, D_NSPLIT, BLOCK_R, BLOCK_V,
+        )  # fmt: skip
+        token = tl.where(draw, drawn, token)
+    out = tl.where(ks < fin[:, None], x, tl.where(ks == fin[:, None], token[:, None], -1))
+    tl.store(tokens + r[:, None] * (K + 1) + ks, out, mask=valid[:, None] & (ks <= K))
+    tl.store(emitted + r, fin + 1, mask=valid)
+
+
+# --- host side ----------------------------------------------------------------------------------
+_CPU_TILE = 1 << 20  # elements per tile in the interpreter: Triton's largest tensor
+
+
+def verify_fused(
+    target_logits, draft_logits, draft_tokens, cu_num_drafts, temperature, seeds, positions, methods,
+    synthetic_rates, max_drafts: int, *, has_strict: bool = True, has_block: bool = True, has_synthetic: bool = True,
+    block_v: int | None = None, splits: int | None = None,
+):  # fmt: skip
+    """``triton_sampler.verify``'s contract (the same outputs) in three launches, three
+    allocations and no host synchronization. ``has_*`` only prune code, as there."""
+    dev = target_logits.device
+    cuda = dev.type == "cuda"
+    b = cu_num_drafts.numel() - 1
+    k = int(max_drafts)
+    tokens = torch.empty((b, k + 1), dtype=torch.int64, device=dev)
+    emitted = torch.empty(b, dtype=torch.int64, device=dev)
+    if b == 0:
+        return tokens, emitted
+    n_t, vocab = target_logits.shape
+    has_draft = draft_logits is not None
+    d_logits = draft_logits if has_draft else target_logits
+    n_d, d_vocab = draft_tokens.numel(), d_logits.shape[1]
+    t_block_v, block_r, t_nsplit, t_split_len = _tiles(vocab, cuda, block_v, splits)
+    d_block_v, _, d_nsplit, d_split_len = _tiles(d_vocab, cuda, block_v, splits) if has_draft else (t_block_v, 0, 1, t_split_len)
+    # One float64 scratch: row statistics (ids and flags are exact in float64), draw masses, chains.
+    t_size = n_t * t_nsplit
+    d_off = 4 * t_size
+    d_size = n_d * d_nsplit if has_draft else 0
+    m_off = d_off + 4 * d_size
+    m_size = b * (k + 1) * t_nsplit
+    c_off = m_off + 2 * m_size
+    scratch = torch.empty(c_off + b * (k + 4), dtype=torch.float64, device=dev)
+    temperature = temperature.to(torch.float64)
+    # CUDA: the staged path's tiles (one request or (request, step) per program for V >= 2048).
+    # The interpreter pays per element of a tile, valid or not: no more lanes than needed.
+    lanes = block_r if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b * (k + 1)))
+    _fused_stats_kernel[(triton.cdiv(b * (k + 1), lanes), max(t_nsplit, d_nsplit))](
+        target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, k, b,
+        scratch, t_size, d_off, d_size, t_split_len, d_split_len, has_draft, t_nsplit, d_nsplit, lanes, t_block_v, d_block_v,
+        num_warps=4,
+    )  # fmt: skip
+    has_synthetic = has_synthetic and synthetic_rates is not None
+    args = (
+        target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature,
+        seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
+        scratch, t_size, d_off, d_size, m_off, m_size, c_off, t_split_len,
+    )  # fmt: skip
+    lanes = block_r if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b))
+    flags = (has_draft, has_strict, has_synthetic, has_block, t_nsplit, d_nsplit, triton.next_power_of_2(k + 1), lanes, t_block_v)
+    _fused_mass_kernel[(triton.cdiv(b, lanes), t_nsplit)](*args, *flags, num_warps=4)
+    _fused_pick_kernel[(triton.cdiv(b, lanes),)](*args, tokens, emitted, *flags, num_warps=4)
+    return tokens, emitted
+
+
+# --- backends with the path forced (``--backend harness.backends.triton_fused:FusedTritonBackend``) ---
+class FusedTritonBackend(TritonBackend):
+    """The Triton sampler on its fused path at every batch size."""
+
+    name = "triton-fused"
+
+    def __init__(self, device: str = "cpu", block_v: int | None = None, splits: int | None = None):
+        super().__init__(device, block_v, splits, path="fused")
+
+
+class StagedTritonBackend(TritonBackend):
+    """The Triton sampler on its staged path at every batch size."""
+
+    name = "triton-staged"
+
+    def __init__(self, device: str = "cpu", block_v: int | None = None, splits: int | None = None):
+        super().__init__(device, block_v, splits, path="staged")
