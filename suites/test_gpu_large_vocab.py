@@ -31,6 +31,6 @@ def test_full_power_at_152k_vocab_and_8_drafts(backend, stationary):
     spec = RequestSpec(8, 1.0, "peaked", "near-target", stationary=stationary)
     s = Scenario(name="large-vocab-152k", method="standard", vocab_size=152064, requests=(spec,))
     result = run([backend], [s], get_profile("gpu"), seed=0, device="cuda")
-    assert result.trial_counts[(backend, s.name)] >= 355_000
+    assert result.trials[(backend, s.name)] >= 355_000
     bad = [f"{r.check}: {r.verdict} {r.message}\n  {r.reproducer}" for r in result.records if r.verdict != "pass"]
     assert not bad, "\n".join(bad)
