@@ -211,7 +211,7 @@ def _chain(
 # --- draws ----------------------------------------------------------------------------------------
 @triton.jit
 def _job(
-    t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, trow, drow, m, logs, rho, act, scale,
+    d_m, d_s, d_arg, d_nan, drafts, trow, drow, m, logs, rho, act, scale,
     HAS_DRAFT: tl.constexpr, D_NSPLIT: tl.constexpr,
 ):  # fmt: skip
     """``_job_rows`` for one draw per lane, as [lanes, 1] columns: target row ``trow`` (max
@@ -397,7 +397,7 @@ def _fused_mass_kernel(
         if HAS_BLOCK:
             rho = tl.where(blk, tl.where(slot == n_eff, -1.0, _column(rhos, slot, KP)), rho_chain)
         j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
-            t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
+            d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
         )
         at = (r * (K + 1) + slot) * T_NSPLIT + split
         _split_mass(
@@ -409,7 +409,7 @@ def _fused_mass_kernel(
 
 @triton.jit
 def _draw(
-    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, positions,
+    t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts, positions,
     mass_w, m_size, r, start, trow, slot, m, logs, rho, act, scale, seed, K, split_len,
     STREAM: tl.constexpr, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -417,7 +417,7 @@ def _draw(
     """One draw per active lane from target row ``trow`` (or its residual, rho >= 0) with the
     masses ``_fused_mass_kernel`` summed for ``slot``, by the uniform of (seed, position, STREAM)."""
     j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
-        t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
+        d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
     )
     u = _uniform(seed, tl.load(positions + trow, mask=act, other=0), STREAM)
     at = (r * (K + 1) + slot) * T_NSPLIT
@@ -469,7 +469,7 @@ def _fused_pick_kernel(
             need = act & ~point
             if tl.max(need.to(tl.int32), axis=0) > 0:
                 drawn = _draw(
-                    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts,
+                    t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
                     positions, mass_w, m_size, r, start, row0 + k, tl.zeros_like(n) + k, m, logs, tl.full(temp.shape, -1.0, tl.float32),
                     need, scale, seed, K, split_len, _TARGET, HAS_DRAFT, T_NSPLIT, D_NSPLIT, BLOCK_R, BLOCK_V,
                 )  # fmt: skip
@@ -513,7 +513,7 @@ def _fused_pick_kernel(
     draw = valid & ~(greedy | bad | strict_rejected)
     if tl.max(draw.to(tl.int32), axis=0) > 0:
         drawn = _draw(
-            t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts,
+            t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
             positions, mass_w, m_size, r, start, row0 + fin, fin, m, logs, rho_fin, draw, scale, seed, K, split_len,
             _RESIDUAL, HAS_DRAFT, T_NSPLIT, D_NSPLIT, BLOCK_R, BLOCK_V,
         )  # fmt: skip
