@@ -102,6 +102,12 @@ def _split_stats(
 
 
 @triton.jit
+def _split(parts, k, AXIS: tl.constexpr):
+    """``parts[..., k]`` along the splits axis ``AXIS`` (exact: one term and zeros)."""
+    return tl.sum(tl.where(tl.arange(0, parts.shape[AXIS]) == k, parts, 0), axis=AXIS)
+
+
+@triton.jit
 def _final_stats(s_m, s_s, s_arg, s_nan, rows, mask, scale, NSPLIT: tl.constexpr):
     """Final statistics of ``rows`` (any shape; ``scale`` broadcasts to it): max, log of the
     sum, argmax (int64) and degenerate flag; partials merged as ``_combine_kernel`` merges them."""
@@ -111,16 +117,25 @@ def _final_stats(s_m, s_s, s_arg, s_nan, rows, mask, scale, NSPLIT: tl.constexpr
         arg = tl.load(s_arg + rows, mask=mask, other=0.0).to(tl.int64)
         bad = tl.load(s_nan + rows, mask=mask, other=0.0) != 0
     else:
+        # Every split's partials in one load per field (a trailing axis of splits), merged in
+        # split order by a loop (unrolled, the loads of every call site made compiles take minutes).
+        axis: tl.constexpr = len(rows.shape)
+        sp = tl.arange(0, triton.next_power_of_2(NSPLIT))
+        part = tl.expand_dims(rows * NSPLIT, axis) + sp
+        pmask = tl.expand_dims(mask, axis) & (sp < NSPLIT)
+        parts_m = tl.load(s_m + part, mask=pmask, other=_LOWEST).to(tl.float32)
+        parts_s = tl.load(s_s + part, mask=pmask, other=0.0).to(tl.float32)
+        parts_arg = tl.load(s_arg + part, mask=pmask, other=0.0).to(tl.int32)
+        parts_nan = tl.load(s_nan + part, mask=pmask, other=0.0).to(tl.int32)
         m = tl.full(rows.shape, _LOWEST, tl.float32)
         s = tl.zeros(rows.shape, tl.float32)
         arg32 = tl.zeros(rows.shape, tl.int32)
         nan = tl.zeros(rows.shape, tl.int32)
-        for k in tl.static_range(NSPLIT):
-            part = rows * NSPLIT + k
-            mk = tl.load(s_m + part, mask=mask, other=_LOWEST).to(tl.float32)
-            sk = tl.load(s_s + part, mask=mask, other=0.0).to(tl.float32)
-            arg32 = tl.where((mk > m) & (sk > 0), tl.load(s_arg + part, mask=mask, other=0.0).to(tl.int32), arg32)
-            nan = tl.maximum(nan, tl.load(s_nan + part, mask=mask, other=0.0).to(tl.int32))
+        for k in range(NSPLIT):
+            mk = _split(parts_m, k, axis)
+            sk = _split(parts_s, k, axis)
+            arg32 = tl.where((mk > m) & (sk > 0), _split(parts_arg, k, axis), arg32)
+            nan = tl.maximum(nan, _split(parts_nan, k, axis))
             new_m = tl.maximum(m, mk)
             s = s * tl.exp2((m - new_m) * scale) + sk * tl.exp2((mk - new_m) * scale)
             m = new_m
@@ -170,7 +185,7 @@ def _chain(
     past the count), ``n`` drafts accepted by the standard / greedy / synthetic rule,
     whether step ``n`` rejected, ``n_eff`` drafts before the first placeholder, and block
     verification's running ratios ``rhos`` [lanes, KP] (rho_0 = 1; valid up to n_eff)."""
-    ks = tl.arange(0, KP)[None, :]
+    ks = tl.arange(0, KP).to(tl.int64)[None, :]  # int64 counts: no widening later (Triton 3.6 miscompiles one)
     step = valid[:, None] & (ks < cnt[:, None])
     x = tl.load(drafts + start[:, None] + ks, mask=step, other=-1)  # -1: placeholder or none
     good = step & (x >= 0)
@@ -266,20 +281,22 @@ def _pick(
 ):  # fmt: skip
     """``_pick_kernel``'s inverse CDF for one job per lane; ``mass_w`` / ``mass_t`` point at
     each lane's NSPLIT split masses. Returns the token (int64)."""
+    sp = tl.arange(0, triton.next_power_of_2(NSPLIT))[None, :]
+    parts_w = tl.load(mass_w[:, None] + sp, mask=act[:, None] & (sp < NSPLIT), other=0.0)
+    parts_t = tl.load(mass_t[:, None] + sp, mask=act[:, None] & (sp < NSPLIT), other=0.0)
     total_w = tl.zeros([BLOCK_R], tl.float64)
     total_t = tl.zeros([BLOCK_R], tl.float64)
-    for k in tl.static_range(NSPLIT):
-        total_w += tl.load(mass_w + k, mask=act, other=0.0)
-        total_t += tl.load(mass_t + k, mask=act, other=0.0)
+    for k in range(NSPLIT):
+        total_w += _split(parts_w, k, 1)
+        total_t += _split(parts_t, k, 1)
     use_w = total_w > 0  # else the residual is empty: fall back to the target row
     threshold = u * tl.where(use_w, total_w, total_t)
     below = tl.zeros([BLOCK_R], tl.float64)
     chosen = tl.full([BLOCK_R], -1, tl.int32)
     last_split = tl.zeros([BLOCK_R], tl.int32)
     frac = tl.zeros([BLOCK_R], tl.float64)
-    for k in tl.static_range(NSPLIT):
-        mass_k = tl.load(mass_w + k, mask=act, other=0.0)
-        mass = tl.where(use_w, mass_k, tl.load(mass_t + k, mask=act, other=0.0))
+    for k in range(NSPLIT):
+        mass = tl.where(use_w, _split(parts_w, k, 1), _split(parts_t, k, 1))
         take = (chosen < 0) & (mass > 0) & (below + mass > threshold)
         frac = tl.where(take, (threshold - below) / tl.where(mass > 0, mass, 1.0), frac)
         chosen = tl.where(take, k, chosen)
@@ -385,7 +402,7 @@ def _fused_mass_kernel(
         blk = valid & (method == _BLOCK)
     seq = strict | blk  # a draw may come from any row up to the first placeholder
     first = tl.where(seq, 0, n)
-    count = tl.where(seq, n_eff + 1, valid.to(tl.int32))
+    count = tl.where(seq, n_eff + 1, valid.to(tl.int64)).to(tl.int32)
     rho_chain = tl.where(strict, -1.0, tl.where(rejected, 1.0, -1.0))
     mass_w = scratch + m_off
     for i in range(0, tl.max(count, axis=0)):
@@ -499,8 +516,11 @@ def _fused_pick_kernel(
             else:
                 q_pt = (tl.load(drafts + start + i, mask=inner & point, other=-1) == pt).to(tl.float32)
             mass = tl.where(point, tl.maximum(rho - q_pt, 0.0), 0.0).to(tl.float64)
-            for sp in tl.static_range(T_NSPLIT):
-                mass += tl.load(mass_w + (r * (K + 1) + i) * T_NSPLIT + sp, mask=inner & ~point, other=0.0)
+            sp = tl.arange(0, triton.next_power_of_2(T_NSPLIT))[None, :]
+            at = ((r * (K + 1) + i) * T_NSPLIT)[:, None] + sp
+            parts = tl.load(mass_w + at, mask=(inner & ~point)[:, None] & (sp < T_NSPLIT), other=0.0)
+            for k in range(T_NSPLIT):
+                mass += _split(parts, k, 1)
             denom = mass + 1.0 - rho
             h = tl.where(inner, tl.where(denom > 0, mass / tl.where(denom > 0, denom, 1.0), 1.0), rho)
             eta = _uniform(seed, tl.load(positions + row - 1, mask=live, other=0), _BLOCK_STREAM)
