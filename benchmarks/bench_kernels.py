@@ -146,7 +146,13 @@ def main() -> int:
             for b in BATCHES:
                 x = inputs(b, k, v)
                 nbytes = b * (k + 1) * v * 4 + b * k * v * 2
-                row = {"B": b, "K": k, "V": v, "bytes": nbytes, "triton_path": "fused" if takes_fused_path("auto", b) else "staged"}
+                row = {
+                    "B": b,
+                    "K": k,
+                    "V": v,
+                    "bytes": nbytes,
+                    "triton_path": "fused" if takes_fused_path("auto", b, cuda=True) else "staged",
+                }
                 for name in args.backends.split(","):
                     try:
                         base = name.removesuffix("-graph")

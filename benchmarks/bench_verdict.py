@@ -2,7 +2,8 @@
 
 For each backend, vocabulary V and draft count K: a standard scenario with one request
 template of K fixed drafts (fp32 logits, near-target draft), verified at the ``gpu`` profile
-(every check detects TV >= 0.01 at alpha = 1e-6 with power 0.99). Timed on the second of two
+(every check detects TV >= 0.01 at alpha = 1e-6 with power 0.99), with rows ``shared`` (one
+row at every step, stride-0 views for backends that take them) or ``per-step``. Timed on the second of two
 identical runs (the first, reported as ``cold_s``, compiles the kernels for its chunk sizes):
 
 * plan: materialize the template and compute the exact laws (host, float64);
@@ -17,6 +18,7 @@ installed package or ``SPECDEC_VLLM_SRC``).
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -43,6 +45,7 @@ class Timed:
     def __init__(self, backend):
         self.backend, self.seconds, self.calls = backend, 0.0, 0
         self.device, self.device_batches = backend.device, getattr(backend, "device_batches", False)
+        self.shared_rows = getattr(backend, "shared_rows", False)
 
     def supports(self, batch):
         return self.backend.supports(batch) if hasattr(self.backend, "supports") else None
@@ -57,10 +60,15 @@ class Timed:
         return out
 
 
-def scenario(vocab: int, k: int) -> Scenario:
-    return Scenario(
-        name=f"verdict-V{vocab}-K{k}", method="standard", vocab_size=vocab, requests=(RequestSpec(k, 1.0, "peaked", "near-target"),)
-    )
+ROWS = ("shared", "per-step")
+
+
+def scenario(vocab: int, k: int, rows: str) -> Scenario:
+    """``shared``: one target row and one draft row at every step (a stationary request),
+    which backends with ``shared_rows`` read as stride-0 views; ``per-step``: K+1 different
+    target rows and K draft rows, repeated for every trial."""
+    spec = RequestSpec(k, 1.0, "peaked", "near-target", stationary=rows == "shared")
+    return Scenario(name=f"verdict-V{vocab}-K{k}-{rows}", method="standard", vocab_size=vocab, requests=(spec,))
 
 
 def measure(backend, s: Scenario, profile) -> dict:
@@ -95,24 +103,24 @@ def main() -> int:
     ap.add_argument("--backend", action="append", help=f"default: {', '.join(BACKENDS)}")
     ap.add_argument("--vocab", type=int, action="append", help=f"default: {VOCABS}")
     ap.add_argument("--drafts", type=int, action="append", help=f"default: {DRAFTS}")
+    ap.add_argument("--rows", choices=ROWS, action="append", help=f"default: {', '.join(ROWS)}")
     args = ap.parse_args()
     profile = get_profile("gpu")
-    rows = []
+    results = []
     for name in args.backend or BACKENDS:
         try:
             backend = load_for_device(name, "cuda")
         except Exception as e:  # a backend that cannot load is reported, the others still run
-            rows.append({"backend": name, "error": str(e)})
+            results.append({"backend": name, "error": str(e)})
             continue
-        for vocab in args.vocab or VOCABS:
-            for k in args.drafts or DRAFTS:
-                s = scenario(vocab, k)
-                cold = measure(backend, s, profile)  # compiles the kernels for this run's chunk sizes
-                row = {"backend": name, "vocab": vocab, "drafts": k, **measure(backend, s, profile), "cold_s": cold["time_to_verdict_s"]}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                torch.cuda.empty_cache()
-    out = {"command": " ".join(sys.argv), "environment": describe(), "profile": profile.name, "results": rows}
+        for rows_kind, vocab, k in itertools.product(args.rows or ROWS, args.vocab or VOCABS, args.drafts or DRAFTS):
+            s = scenario(vocab, k, rows_kind)
+            cold = measure(backend, s, profile)  # compiles the kernels for this run's chunk sizes
+            row = {"backend": name, "rows": rows_kind, "vocab": vocab, "drafts": k, **measure(backend, s, profile)}
+            results.append({**row, "cold_s": cold["time_to_verdict_s"]})
+            print(json.dumps(results[-1]), flush=True)
+            torch.cuda.empty_cache()
+    out = {"command": " ".join(sys.argv), "environment": describe(), "profile": profile.name, "results": results}
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
     return 0

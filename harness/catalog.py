@@ -2,8 +2,9 @@
 
 Tens of scenarios spanning every method, every distribution family, ragged draft counts
 (0 included), placeholders, a smaller draft vocabulary, verification without draft
-probabilities, fixed and sampled drafts, and one large vocabulary. Deterministic in
-(profile, seed): the same seed always gives the same scenarios.
+probabilities, fixed and sampled drafts, and one large vocabulary; the GPU profiles add a
+tile-boundary vocabulary (``Profile.boundary_vocab``). Deterministic in (profile, seed):
+the same seed always gives the same scenarios.
 """
 
 from harness.profiles import Profile
@@ -115,6 +116,21 @@ def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
         ),
         dict(name="synthetic-extremes", method="synthetic", synthetic={"rates": [1.0, 1.0, 0.0]}, requests=[R(3, 1.0)]),
     ]
+    if profile.boundary_vocab:
+        # GPU profiles: their small vocabularies are one whole CUDA tile and their large one
+        # never meets an empty residual. Here every rejection's residual is empty (draft =
+        # target) and the last tile is partly past V (Triton's 2048-wide, vLLM's 1024 and 8192
+        # on CUDA): a masked lane must never win (GHSA-8wr5-jm2h-8r4f). Appended last, so the
+        # scenarios above keep their seeds in every profile.
+        specs.append(
+            dict(
+                name="synthetic-boundary-vocab",
+                method="synthetic",
+                vocab_size=profile.boundary_vocab,
+                synthetic={"rates": [0.7, 0.4]},
+                requests=[R(2, 1.0, "peaked", "same")],
+            )
+        )
     out = []
     for i, spec in enumerate(specs):
         spec = {"vocab_size": v, **spec, "seed": int(hash64(seed, i) % (1 << 31))}

@@ -21,6 +21,7 @@ acceptance-length  Chi-square test of the number of accepted drafts (synthetic: 
 acceptance-rate[j] synthetic only: exact binomial test of step j's conditional acceptance.
 """
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,8 @@ from reference import synthetic as synth
 from reference.methods import Method
 
 MAX_POOLING_ROUNDS = 20
+BACKGROUND_POOLING_CELLS = 1 << 14  # above this, cells are pooled while the backend samples
+_POOLER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pooling")  # NumPy's sort runs without the GIL
 
 
 @dataclass
@@ -68,29 +71,46 @@ class Check:
 
 
 def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float = 1.0, segments: int = 1):
-    """Trials and bins for a chi-square test: pool at the trial count that the pooled df needs."""
+    """(trials, bins, df) for a chi-square test: pool at the trial count that the pooled df
+    needs. ``bins`` is a function returning the bins.
+
+    Above ``BACKGROUND_POOLING_CELLS`` possible cells (large vocabularies: 10^5-10^6) the
+    design takes the largest df the capped bins can have, ``MAX_BINS - segments``: the
+    trial count is known without sorting the cells, so sampling starts at once while a
+    background thread sorts and pools them at that count. The test's df is then the pooled
+    one, at most this: the stated power is a lower bound (pooled bins reach the cap there)."""
     probs = np.asarray(expected_probs, dtype=np.float64).ravel()
-    n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(int((probs > 0).sum()) - segments, 1), steps)
+    possible = int((probs > 0).sum())
+    if possible > BACKGROUND_POOLING_CELLS:
+        df = max(stats.MAX_BINS - segments, 1)
+        n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
+        return n, _POOLER.submit(lambda: stats.Pooling(probs).capped(stats.MAX_BINS, n)).result, df
+    n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(possible - segments, 1), steps)
     pooling = stats.Pooling(probs)  # sorted once for every round
     for _ in range(MAX_POOLING_ROUNDS):
-        bins = pooling.capped(stats.MAX_BINS, n)
-        df = max(int(bins.max(initial=-1)) + 1 - segments, 1)
+        threshold = pooling.cap(stats.MAX_BINS, n)
+        df = max(pooling.count(threshold) - segments, 1)
         needed = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
         if needed >= n:
-            return needed, bins, df
+            break
         n = needed
-    return n, bins, df
+    bins = pooling.bins(threshold)
+    return needed, lambda: bins, df
 
 
-def _cells_summary(label, observed, expected, bins, limit=12):
+def _cells_summary(label, observed, expected, bins, limit=12, pooled=None):
     """The ``limit`` most expected pooled cells, named by ``label(cell)`` (a function: large
-    vocabularies have 10^6 cells, of which a dozen are named)."""
-    o, e = stats.pooled(observed, bins), stats.pooled(expected, bins)
+    vocabularies have 10^6 cells, of which a dozen are named). ``pooled``: (observed,
+    expected) per pooled cell when the test already summed them."""
+    o, e = pooled or (stats.pooled(observed, bins), stats.pooled(expected, bins))
     order = np.argsort(-e, kind="stable")
     shown = order[:limit]
+    flag = np.zeros(e.size + 1, dtype=bool)  # by bin; the extra last entry is bin -1 (impossible cells)
+    flag[shown] = True
+    in_shown = np.flatnonzero(flag[bins])  # one pass over the cells, not one per shown bin
     rows = []
     for b in shown:
-        members = np.flatnonzero(bins == b)
+        members = in_shown[bins[in_shown] == b]
         name = " + ".join(label(int(c)) for c in members[:3]) + (" + …" if members.size > 3 else "")
         rows.append((name, float(o[b]), float(e[b])))
     if order.size > limit:
@@ -106,11 +126,11 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
     """A chi-square check over ``probs`` cells (conditional per segment when ``segments``)."""
     probs = np.asarray(probs, dtype=np.float64).ravel()
     seg = np.zeros(probs.size, dtype=np.int64) if segments is None else segments.ravel()
-    reach_per_cell = np.ones(probs.size) if reach is None else reach[seg]
     steps = 1.0 if reach is None else float(reach.sum())
-    n_seg = int(np.unique(seg[probs > 0]).size)
-    exact = int((probs > 0).sum()) <= n_seg  # every segment is a point mass
-    design, bins, df = _design_pooling(probs * reach_per_cell, profile, steps, n_seg)
+    possible = probs > 0
+    n_seg = int(np.unique(seg[possible]).size) if segments is not None else int(possible.any())
+    exact = int(possible.sum()) <= n_seg  # every segment is a point mass
+    design, get_bins, df = _design_pooling(probs if reach is None else probs * reach[seg], profile, steps, n_seg)
     if exact:
         design = stats.exact_trials_for_rate(profile.power, profile.tv)
 
@@ -121,6 +141,7 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
 
     def evaluate(tally: TemplateTally, rng) -> Verdict:
         observed, expected = cells(tally)
+        bins = get_bins()
         trials = int(observed.sum() if reach is None else observed[seg == 0].sum())  # trials reaching step 0
         if exact:
             bad = int(observed[probs == 0].sum())
@@ -138,7 +159,7 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
             msg = f"{r.impossible} observation(s) in zero-probability cells; " + msg
         return Verdict(
             "gof", r.p_value > profile.alpha, r.statistic, r.df, r.p_value, profile.alpha, trials,
-            detect, r.tv_estimate, r.tv_ci, msg, _cells_summary(label, observed, expected, bins),
+            detect, r.tv_estimate, r.tv_ci, msg, _cells_summary(label, observed, expected, bins, pooled=r.pooled),
         )  # fmt: skip
 
     def detectable(n):

@@ -14,7 +14,7 @@ from harness.catalog import catalog
 from harness.faults import FAULTS
 from harness.profiles import Profile
 from harness.runner import run
-from harness.triton_faults import TRITON_FAULTS
+from harness.triton_faults import NOT_PLANTED, TRITON_FAULTS
 
 FAMILIES = ("structure", "outcome-law", "position-law", "acceptance-length", "acceptance-rate")
 PREFIX = {"reference": "fault:", "triton": "triton-fault:"}  # sampler -> backend name prefix of its faults
@@ -87,9 +87,12 @@ def to_markdown(rows: list[FaultRow], profile: Profile) -> str:
 
 
 def planted_table() -> str:
-    """Where each Triton fault is planted, and how it differs from the same-named reference fault."""
+    """Where each Triton fault is planted, how it differs from the same-named reference fault,
+    and why the other reference faults are not planted."""
     lines = ["| fault | planted | differs from the reference fault |", "|---|---|---|"]
     lines += [f"| `{name}` | {f.where} | {f.note or '–'} |" for name, f in TRITON_FAULTS.items()]
+    lines += ["", "| reference fault | not planted: why |", "|---|---|"]
+    lines += [f"| `{name}` | {why} |" for name, why in NOT_PLANTED.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -7,6 +7,11 @@ of the same size has the same logits: only seeds, positions and drafts differ), 
 per-trial integers are computed on the device with a torch port of ``reference.rng``.
 Only counts come back to the host (``DeviceTally``).
 
+When every row of the templates is the same row (``RequestSpec.stationary`` with one
+template) and the backend reads rows through their stride (``shared_rows = True``), a
+chunk's logits are that one row expanded with stride 0: nothing is repeated, and the
+backend reads one row from L2 for every trial.
+
 A device batch is a ``VerifyBatch`` whose array fields are torch tensors on the device;
 its logits are stored in the scenario's ``logits_dtype`` (their values are exact in it).
 Backends opt in with ``device_batches = True``.
@@ -67,7 +72,7 @@ def uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: Stream) -> to
 class DeviceTrials:
     """``count`` trials of every template from global trial ``first``, built on ``device``."""
 
-    def __init__(self, s: Scenario, templates: list[Template], device: str):
+    def __init__(self, s: Scenario, templates: list[Template], device: str, share_rows: bool = False):
         self.scenario, self.templates, self.device = s, templates, device
         dev = torch.device(device)
         self.t_count = len(templates)
@@ -82,6 +87,9 @@ class DeviceTrials:
         draft_width = s.draft_vocab_size or s.vocab_size
         proposal = [t.proposal_logits for t in templates]
         self.draft_block = put(np.concatenate(proposal) if counts.sum() else np.zeros((0, draft_width), np.float32)).to(dtype)
+        # One row for all (NaN != NaN: a poisoned row is never shared).
+        self.shared_target = share_rows and _one_row(self.target_block)
+        self.shared_draft = share_rows and _one_row(self.draft_block)
         self.fixed = put(np.stack([_padded(t.drafts if t.drafts is not None else [], self.k) for t in templates]))
         # Sampled drafts: the float64 CDF of each (template, step), as reference.rules.draw_from_row.
         self.cdfs = {}
@@ -105,8 +113,8 @@ class DeviceTrials:
     def logits(self, count: int):
         if self._tiled[0] != count:
             self._tiled = (None, None, None)  # free the old chunk's logits first
-            draft = self.draft_block.repeat(count, 1) if self.scenario.draft_probs else None
-            self._tiled = (count, self.target_block.repeat(count, 1), draft)
+            draft = _rows(self.draft_block, count, self.shared_draft) if self.scenario.draft_probs else None
+            self._tiled = (count, _rows(self.target_block, count, self.shared_target), draft)
         return self._tiled[1], self._tiled[2]
 
     def prepare(self, total: int) -> None:
@@ -164,6 +172,17 @@ class DeviceTrials:
             **self._shared(count),
         )
         return batch, drafts
+
+
+def _one_row(block: torch.Tensor) -> bool:
+    return block.shape[0] > 0 and bool((block == block[:1]).all())
+
+
+def _rows(block: torch.Tensor, count: int, shared: bool) -> torch.Tensor:
+    """``block`` repeated ``count`` times: a stride-0 view of its one row when ``shared``."""
+    if shared:
+        return block[:1].expand(count * block.shape[0], block.shape[1])
+    return block.repeat(count, 1)
 
 
 def _padded(ids, k: int) -> np.ndarray:

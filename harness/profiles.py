@@ -15,6 +15,7 @@ class Profile:
     tv: float  # smallest total-variation discrepancy every check must detect
     vocab: int  # vocabulary of the catalog's small scenarios
     large_vocab: int  # vocabulary of the catalog's large-vocabulary scenarios
+    boundary_vocab: int = 0  # vocabulary of the catalog's tile-boundary scenario (0: none; see harness.catalog)
     chunk_elements: int = 1 << 24  # logits per backend call (memory budget), host batches
     device_chunk_elements: int = 1 << 30  # the same for batches built on a GPU (4 GiB of fp32 rows)
     description: str = ""
@@ -25,8 +26,8 @@ PROFILES = {
     for p in (
         Profile("smoke", 1e-6, 0.99, 0.1, vocab=8, large_vocab=64, description="seconds; a sanity run"),
         Profile("ci", 1e-6, 0.99, 0.02, vocab=12, large_vocab=256, description="the CPU suite's default"),
-        Profile("gpu", 1e-6, 0.99, 0.01, vocab=32, large_vocab=32000, description="full power on one GPU"),
-        Profile("nightly", 1e-6, 0.99, 0.005, vocab=64, large_vocab=152064, description="nightly, GPU"),
+        Profile("gpu", 1e-6, 0.99, 0.01, vocab=32, large_vocab=32000, boundary_vocab=3000, description="full power on one GPU"),
+        Profile("nightly", 1e-6, 0.99, 0.005, vocab=64, large_vocab=152064, boundary_vocab=3000, description="nightly, GPU"),
     )
 }
 

@@ -91,9 +91,15 @@ def sample_scenario(backend, scenario: Scenario, templates, count: int, profile:
     return tallies
 
 
-def _chunk_trials(scenario: Scenario, templates, elements: int) -> int:
-    """Trials per backend call within a budget of ``elements`` logits."""
-    per_trial = sum(t.num_drafts + 1 for t in templates) * scenario.vocab_size
+# A row passed as a stride-0 view costs the backend its per-row scratch only (statistics per
+# vocabulary tile, indices): counted as this many logits against the memory budget.
+VIEW_ROW_ELEMENTS = 1024
+
+
+def _chunk_trials(scenario: Scenario, templates, elements: int, row_elements: int | None = None) -> int:
+    """Trials per backend call within a budget of ``elements`` logits; a row costs
+    ``row_elements`` (default: the vocabulary, a materialized row)."""
+    per_trial = sum(t.num_drafts + 1 for t in templates) * (row_elements or scenario.vocab_size)
     return max(1, elements // per_trial)
 
 
@@ -103,11 +109,12 @@ def _sample_on_device(backend, scenario: Scenario, templates, count: int, profil
     from harness.device_trials import DeviceTrials
 
     device = getattr(backend, "device", "cpu")
-    built = DeviceTrials(scenario, templates, device)
+    built = DeviceTrials(scenario, templates, device, share_rows=getattr(backend, "shared_rows", False))
     built.prepare(count)
     tally = DeviceTally([t.effective_drafts for t in templates], scenario.vocab_size, count, scenario.max_drafts, device)
     budget = profile.chunk_elements if device == "cpu" else profile.device_chunk_elements
-    chunk = min(_chunk_trials(scenario, templates, budget), count)
+    views = built.shared_target and (built.shared_draft or not scenario.draft_probs)
+    chunk = min(_chunk_trials(scenario, templates, budget, VIEW_ROW_ELEMENTS if views else None), count)
     done = 0
     while done < count:
         n = min(chunk, count - done)

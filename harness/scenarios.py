@@ -38,6 +38,7 @@ class RequestSpec:
     draft_ids: tuple[int, ...] | None = None  # explicit fixed drafts (may have target or draft probability 0)
     nan_rows: tuple[int, ...] = ()  # target rows (0..d) poisoned with a NaN: degenerate
     masked_rows: tuple[int, ...] = ()  # target rows with every logit -inf: degenerate
+    stationary: bool = False  # one target row and one draft row at every step (a fixed context)
 
     @property
     def degenerate(self) -> bool:
@@ -177,6 +178,8 @@ def _validate(s: Scenario) -> None:
             raise ValueError(f"{where}.target: {r.target!r} is not one of {TARGET_FAMILIES}")
         if r.draft not in DRAFT_FAMILIES:
             raise ValueError(f"{where}.draft: {r.draft!r} is not one of {DRAFT_FAMILIES}")
+        if not isinstance(r.stationary, bool):
+            raise ValueError(f"{where}.stationary: expected true or false, got {r.stationary!r}")
         if r.placeholder_at is not None:
             if not _is_int(r.placeholder_at) or not 0 <= r.placeholder_at < r.num_drafts:
                 raise ValueError(f"{where}.placeholder_at: expected a draft index in [0, {r.num_drafts}), got {r.placeholder_at!r}")
@@ -297,10 +300,14 @@ def materialize(s: Scenario) -> list[Template]:
     for i, spec in enumerate(s.requests):
         rng = np.random.default_rng([s.seed, i])
         d = spec.num_drafts
-        target = round_to_dtype(np.stack([family_logits(spec.target, rng, vocab) for _ in range(d + 1)]), s.dtype)
+        target_rows = 1 if spec.stationary else d + 1
+        target = round_to_dtype(np.stack([family_logits(spec.target, rng, vocab) for _ in range(target_rows)]), s.dtype)
+        target = np.repeat(target, d + 1 if spec.stationary else 1, axis=0)
         proposal = np.zeros((d, draft_vocab), dtype=np.float32)
-        for j in range(d):
+        for j in range(1 if spec.stationary and d else d):
             proposal[j] = family_logits(spec.draft, rng, draft_vocab, target[j].astype(np.float64))
+        if spec.stationary:
+            proposal[:] = proposal[:1]
         proposal = round_to_dtype(proposal, s.dtype)
         method = s.request_method(spec)
         drafts = None

@@ -100,8 +100,8 @@ class Pooling:
 
     def __init__(self, expected):
         self.expected = np.asarray(expected, dtype=np.float64).ravel()
-        order = np.argsort(-self.expected, kind="stable")
-        self.order = order[self.expected[order] > 0]  # possible cells only
+        possible = np.flatnonzero(self.expected > 0)  # most cells are impossible at large V: not sorted
+        self.order = possible[np.argsort(-self.expected[possible], kind="stable")]
         self.values = self.expected[self.order]
         self.running = np.cumsum(self.values)
 
@@ -126,20 +126,25 @@ class Pooling:
             return 1  # every possible cell in one short bin
         return alone + len(ends)
 
-    def capped(self, max_bins: int = MAX_BINS, trials: float = 1.0) -> np.ndarray:
-        """Bins of the expected counts ``trials * expected`` at the smallest per-bin
-        expectation (>= MIN_EXPECTED) that leaves at most ``max_bins`` bins."""
+    def cap(self, max_bins: int = MAX_BINS, trials: float = 1.0) -> float:
+        """The smallest per-bin threshold on ``expected`` (the expected count ``trials *
+        expected`` at least MIN_EXPECTED) that leaves at most ``max_bins`` bins, to within a
+        relative 1e-4 (geometric bisection: ~20 rounds where halving would take 60)."""
         lo = MIN_EXPECTED / trials  # thresholds on ``expected``: a count m is m / trials of it
         if self.count(lo, max_bins) <= max_bins:
-            return self.bins(lo)
+            return lo
         hi = max(float(np.sum(self.expected)), lo)
-        for _ in range(60):  # bisect the threshold: fewer bins as it grows
-            mid = (lo + hi) / 2
+        while hi > lo * (1 + 1e-4):  # fewer bins as the threshold grows
+            mid = math.sqrt(lo * hi)
             if self.count(mid, max_bins) <= max_bins:
                 hi = mid
             else:
                 lo = mid
-        return self.bins(hi)
+        return hi
+
+    def capped(self, max_bins: int = MAX_BINS, trials: float = 1.0) -> np.ndarray:
+        """Bins at ``cap(max_bins, trials)``."""
+        return self.bins(self.cap(max_bins, trials))
 
     def bins(self, min_expected: float) -> np.ndarray:
         alone, ends = self._edges(min_expected)
@@ -169,6 +174,7 @@ class GofResult:
     impossible: int  # observations in zero-probability cells
     tv_estimate: float
     tv_ci: tuple[float, float] | None
+    pooled: tuple[np.ndarray, np.ndarray] | None = None  # (observed, expected) per pooled cell
 
 
 def chi_square_test(observed, expected, bins, segments=None, rng=None, with_ci=True) -> GofResult:
@@ -184,7 +190,7 @@ def chi_square_test(observed, expected, bins, segments=None, rng=None, with_ci=T
     impossible = int(observed[bins < 0].sum())
     o, e = pooled(observed, bins), pooled(expected, bins)
     live = e > 0
-    n_segments = np.unique(seg[(bins >= 0) & (expected > 0)]).size
+    n_segments = np.unique(seg[(bins >= 0) & (expected > 0)]).size if segments is not None else int(live.any())
     df = max(int(live.sum()) - n_segments, 1)
     x2 = float(np.sum((o[live] - e[live]) ** 2 / e[live]))
     p = 0.0 if impossible else float(stats.chi2.sf(x2, df))
@@ -197,7 +203,7 @@ def chi_square_test(observed, expected, bins, segments=None, rng=None, with_ci=T
         tv, ci = _tv_with_ci(o, e, np.zeros(o.size, dtype=np.int64), rng)
     else:
         tv, ci = _tv_with_ci(observed, expected, seg, rng)
-    return GofResult(x2, df, p, trials, int(live.sum()), impossible, tv, ci)
+    return GofResult(x2, df, p, trials, int(live.sum()), impossible, tv, ci, (o, e))
 
 
 def _tv_with_ci(observed, expected, seg, rng, reps: int = 200):

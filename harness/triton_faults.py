@@ -3,8 +3,11 @@
 A fault is an integer code passed to the kernels as the constexpr ``FAULT`` (0: none), so
 the correct sampler compiles to the same code as without this module and every fault is
 resolved at compile time. Names are those of ``harness.faults`` where the bug is the same
-one; ``note`` says where the Triton form differs from the reference's. This module imports
-no Triton, so the registry can list and check names anywhere.
+one; ``note`` says where the Triton form differs from the reference's. Three are the
+caller's bugs, planted on the kernels' inputs (``ignore-draft-probs`` and
+``temperature-twice`` in ``verify()``, ``draft-before-topk`` in ``TritonFaultBackend``).
+``NOT_PLANTED`` names the reference faults this sampler has no place for, and why. This
+module imports no Triton, so the registry can list and check names anywhere.
 """
 
 from dataclasses import dataclass
@@ -70,6 +73,35 @@ TRITON_FAULTS = {
     "oov-lane-wins": TritonFault(
         22,
         "_pick_kernel: an empty residual takes the last lane of the last tile (GHSA-8wr5-jm2h-8r4f)",
-        "V a multiple of the tile (gpu profile, V = 32): that lane is V-1, inside the vocabulary",
+        "V a multiple of the tile (the gpu profile's V = 32): that lane is V-1, inside the vocabulary",
     ),
+    "continue-after-reject": TritonFault(
+        24,
+        "_chain_kernel: a rejection does not end the request's loop: later drafts are verified, the bonus drawn after the last",
+        "a rejected slot holds the row's argmax (a point row's replacement; strict: the target's sample), not a residual draw",
+    ),
+    "bonus-after-reject": TritonFault(
+        25, "_chain_kernel / _block_kernel / _pick_kernel: after a rejection one more token is emitted, a copy of the replacement"
+    ),
+    "residual-wrong-position": TritonFault(
+        26,
+        "_chain_kernel / _load_job: a chain rejection's replacement is drawn from the next target row, against the "
+        "rejected draft (its job carries rho = 2 as the mark)",
+    ),
+    "draft-before-topk": TritonFault(
+        27,
+        "TritonFaultBackend.sample, a caller bug: the kernels get the draft's logits before its top-k / top-p mask "
+        "(masked ones set to the row's lowest finite logit, HF #32867 class); the kernels are the correct ones",
+    ),
+}
+
+# Reference faults with no place in this sampler (not planted; ``harness.faults`` has them):
+NOT_PLANTED = {
+    "wrong-request-slot": "the sampler has no request-state slots: every per-request input is in batch order, the kernels "
+    "index it by the batch index, and no code reads ``request_slots`` (the protocol lets a sampler ignore it), so there is "
+    "no slot-to-batch mapping to get wrong; permuting the temperatures before the call would replay the reference fault, "
+    "not a bug of this code",
+    "synthetic-decay-too-low": "the sampler receives conditional synthetic rates and never computes them: the decay floor "
+    "belongs to vLLM 0.19's (base rate, decay) parameterization, which the harness turns into those rates before any "
+    "backend runs (``harness.scenarios.conditional_rates``), so there is no decay in this sampler to get wrong",
 }

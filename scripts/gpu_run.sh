@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Verify on an air-gapped GPU machine (no package access): the vLLM trees and wheels travel
 # in vendor/ (scripts/build_vllm_tree.py; vendor/suite-wheels from `pip download`).
-# Usage: OUT=/some/dir [STEPS="verdict runs pytest kernels"] bash scripts/gpu_run.sh
+# Usage: OUT=/some/dir [STEPS="verdict runs pytest kernels"] [VERDICT_ARGS="--backend triton"] bash scripts/gpu_run.sh
 #   -> $OUT/gpu_results.tgz (logs, JSON, reports)
 set -u
 OUT=${OUT:-reports/gpu}
@@ -20,7 +20,7 @@ step() {  # step NAME TIMEOUT CMD...: run with a time limit, log, note the exit 
 }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 { nvidia-smi; python -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$WORK/machine.txt" 2>&1
-has verdict && step bench_verdict "${VERDICT_TIMEOUT:-240}" python benchmarks/bench_verdict.py --json "$WORK/bench_verdict.json"
+has verdict && step bench_verdict "${VERDICT_TIMEOUT:-240}" python benchmarks/bench_verdict.py --json "$WORK/bench_verdict.json" ${VERDICT_ARGS:-}
 if has runs; then
   for b in triton vllm-mrv2 vllm-v1; do
     step "run_gpu_$b" "${RUN_TIMEOUT:-120}" python -m harness run --backend "$b" --profile gpu --device cuda \

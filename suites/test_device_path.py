@@ -1,14 +1,17 @@
 """The device path (inputs built and outputs tallied where the backend runs) equals the host path bit for bit."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from harness import device_trials
+from harness.backends import load_backend, vllm_mrv2
 from harness.catalog import catalog
 from harness.device_tally import DeviceTally
 from harness.profiles import get_profile
-from harness.scenarios import materialize, trials
+from harness.scenarios import RequestSpec, Scenario, materialize, trials
 from harness.tally import TemplateTally, add_outputs
 from reference import rng
 from reference.rng import Stream
@@ -78,3 +81,65 @@ def test_device_tally_equals_host_tally_including_violations():
     for h, d in zip(host, dev.finish(torch.from_numpy(host_batch.drafts))):
         assert h.violations > 0 and (h.trials, h.violations, h.example) == (d.trials, d.violations, d.example)
         assert np.array_equal(h.outcome, d.outcome) and np.array_equal(h.steps, d.steps)
+
+
+def _stationary(dtype="float32", temperature=1.0, method="standard"):
+    return Scenario(
+        name="stationary",
+        method=method,
+        vocab_size=67,
+        requests=(RequestSpec(3, temperature, "peaked", "near-target", stationary=True),),
+        dtype=dtype,
+    )
+
+
+def test_stationary_requests_repeat_one_target_row_and_one_draft_row():
+    (t,) = materialize(_stationary())
+    assert np.array_equal(t.target_logits, np.repeat(t.target_logits[:1], 4, axis=0))
+    assert np.array_equal(t.proposal_logits, np.repeat(t.proposal_logits[:1], 3, axis=0))
+    with pytest.raises(ValueError, match="stationary"):
+        Scenario(name="x", method="standard", vocab_size=8, requests=(RequestSpec(1, stationary="yes"),))
+
+
+def test_shared_rows_are_stride_0_views_of_the_same_values():
+    s = _stationary()
+    templates = materialize(s)
+    built = device_trials.DeviceTrials(s, templates, "cpu", share_rows=True)
+    built.prepare(9)
+    batch, _ = built.chunk(0, 9)
+    host = trials(s, templates, 0, 9).batch
+    for field in ("target_logits", "draft_logits"):
+        got = getattr(batch, field)
+        assert got.stride(0) == 0 and np.array_equal(got.numpy(), getattr(host, field)), field
+    # Rows that differ are repeated, whatever the backend accepts.
+    s = SCENARIOS["standard-near-target"]
+    built = device_trials.DeviceTrials(s, materialize(s), "cpu", share_rows=True)
+    built.prepare(2)
+    assert built.chunk(0, 2)[0].target_logits.stride(0) != 0
+
+
+def _materialized(batch):
+    copy = {f: getattr(batch, f) for f in ("target_logits", "draft_logits")}
+    return dataclasses.replace(batch, **{f: None if x is None else x.contiguous() for f, x in copy.items()})
+
+
+@pytest.mark.parametrize("backend_name", ["triton", "vllm-mrv2"])
+@pytest.mark.parametrize("dtype,temperature", [("float32", 1.0), ("bfloat16", 0.7), ("float32", 0.0)])
+def test_backends_emit_the_same_tokens_from_shared_rows_as_from_copies(backend_name, dtype, temperature):
+    """A shared row must be read as the row it is: the same tokens, trial for trial."""
+    if backend_name == "vllm-mrv2":
+        ok, why = vllm_mrv2.availability()
+        if not ok:
+            pytest.skip(f"vLLM not usable here: {why}")
+    backend = load_backend(backend_name)
+    assert backend.shared_rows
+    s = _stationary(dtype, temperature, "standard")
+    built = device_trials.DeviceTrials(s, materialize(s), "cpu", share_rows=True)
+    built.prepare(64)
+    batch, _ = built.chunk(0, 64)
+    assert batch.target_logits.stride(0) == 0
+    shared = [x.numpy() for x in backend.sample(batch)]
+    copied = [x.numpy() for x in backend.sample(_materialized(batch))]
+    assert np.array_equal(shared[0], copied[0]) and np.array_equal(shared[1], copied[1])
+    if temperature > 0:  # some drafts accepted, some rejected: later rows were read too
+        assert 1 < shared[1].mean() < 4

@@ -3,9 +3,13 @@
 The Triton interpreter takes 2 to 6 minutes per fault for the whole ``ci`` catalog, so
 the CPU suite runs each fault on the one ``ci`` scenario recorded below, which must catch
 it with the expected check; the whole matrix is ``python -m harness faults --backend
-triton`` (docs/fault-matrix-triton.md). ``-m gpu`` runs the same scenarios at the ``gpu``
-profile on CUDA.
+triton`` (docs/fault-matrix-triton.md), whose record is checked to name every planted
+fault as caught. ``-m gpu`` runs the same scenarios at the ``gpu`` profile on CUDA (where
+one fault needs a scenario of the gpu catalog alone: ``EXPECTED_GPU``).
 """
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +23,8 @@ from harness.detection import detect, family_of  # noqa: E402
 from harness.device import gpu_skip_reason  # noqa: E402
 from harness.faults import FAULTS  # noqa: E402
 from harness.profiles import get_profile  # noqa: E402
-from harness.triton_faults import TRITON_FAULTS  # noqa: E402
+from harness.runner import run  # noqa: E402
+from harness.triton_faults import NOT_PLANTED, TRITON_FAULTS  # noqa: E402
 
 # The interpreter computes Philox's wrapping uint32 products with NumPy, which warns.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.*")
@@ -49,8 +54,13 @@ EXPECTED = {
     "reuse-uniform": ({"outcome-law"}, "standard-topk"),
     "noise-floor": ({"outcome-law"}, "standard-same-as-target"),
     "draft-before-temperature": ({"outcome-law", "acceptance-length"}, "standard-near-target"),
-    "oov-lane-wins": ({"structure", "outcome-law"}, "synthetic-same-as-target"),  # V a tile multiple: an id in vocab
+    "oov-lane-wins": ({"structure", "outcome-law"}, "synthetic-same-as-target"),
+    "continue-after-reject": ({"structure"}, "greedy-ragged"),
+    "bonus-after-reject": ({"structure"}, "greedy-ragged"),
+    "residual-wrong-position": ({"outcome-law"}, "greedy-ragged"),
+    "draft-before-topk": ({"outcome-law"}, "standard-topk"),
 }
+MATRIX = Path(__file__).resolve().parents[1] / "docs" / "fault-matrix-triton.json"
 
 
 def test_every_triton_fault_has_an_expectation():
@@ -62,6 +72,22 @@ def test_triton_faults_are_reference_faults_with_distinct_codes():
     assert set(TRITON_FAULTS) <= set(FAULTS), set(TRITON_FAULTS) - set(FAULTS)
     codes = [f.code for f in TRITON_FAULTS.values()]
     assert 0 not in codes and len(set(codes)) == len(codes), codes
+
+
+def test_every_reference_fault_is_planted_or_says_why_not():
+    assert not set(NOT_PLANTED) & set(TRITON_FAULTS)
+    assert set(NOT_PLANTED) | set(TRITON_FAULTS) == set(FAULTS), set(FAULTS) - set(NOT_PLANTED) - set(TRITON_FAULTS)
+
+
+def test_recorded_matrix_catches_every_planted_fault():
+    """docs/fault-matrix-triton.json (``python -m harness faults --backend triton --profile ci``)
+    is the whole ci catalog per fault: it must list every planted fault, each caught."""
+    record = json.loads(MATRIX.read_text())
+    assert (record["backend"], record["device"], record["profile"]["name"]) == ("triton", "cpu", "ci")
+    rows = {row["fault"]: row for row in record["rows"]}
+    assert set(rows) == set(TRITON_FAULTS), f"regenerate {MATRIX.name}: it lacks {set(TRITON_FAULTS) - set(rows)}"
+    missed = [name for name, row in rows.items() if not row["detected"] or row["errors"]]
+    assert not missed, f"not caught (or errors) in the recorded matrix: {missed}"
 
 
 def test_unknown_triton_fault_lists_the_known_ones():
@@ -76,10 +102,13 @@ def test_cli_names_the_triton_faults_on_a_wrong_one(capsys):
 
 # At the gpu profile (V = 32, other trial counts) two faults show in other scenarios
 # (measured with `python -m harness faults --backend triton --profile gpu --device cuda` on an H200).
+# oov-lane-wins needs an empty residual at a vocabulary whose last CUDA tile is partly past V:
+# V = 32 is one whole tile, so its padded lane is V - 1, in the vocabulary (see the CPU test below).
 EXPECTED_GPU = {
     **EXPECTED,
     "inverted-ratio": ({"outcome-law", "acceptance-length"}, "standard-near-target"),
     "bonus-wrong-row": ({"outcome-law", "position-law"}, "greedy-sampled"),
+    "oov-lane-wins": ({"structure"}, "synthetic-boundary-vocab"),
 }
 
 
@@ -100,6 +129,37 @@ def _assert_caught(fault: str, profile_name: str, device: str, expected=EXPECTED
 @pytest.mark.parametrize("fault", sorted(TRITON_FAULTS))
 def test_triton_fault_is_caught_on_cpu(fault):
     _assert_caught(fault, "ci", "cpu")
+
+
+@pytest.mark.parametrize(
+    "backend,caught",
+    [
+        ("harness.backends.triton_fault:OovLaneWinsOnCudaTiles", True),  # the fault: a padded lane's id >= V
+        ("harness.backends.triton_fault:CudaTiles", False),  # the correct sampler on the same tiles
+    ],
+    ids=["oov-lane-wins", "correct"],
+)
+def test_gpu_boundary_scenario_catches_oov_lane_wins_on_cuda_tiles(backend, caught):
+    """GHSA-8wr5-jm2h-8r4f at the gpu catalog's tile-boundary scenario, in the interpreter on
+    the tiles CUDA chooses (V = 3000: two 2048-wide tiles, the last one 952 ids in the vocabulary).
+
+    Every synthetic rejection there has an empty residual (draft = target), so the fault emits
+    the last tile's last lane, 4095. The structure check is exact: any one such trial fails it,
+    and 30% of trials reject at their first draft. So the smoke profile's trial counts suffice
+    (1,973 trials, ~10 s each here; the gpu profile's 183,926 would take ~13 min in the interpreter,
+    the ci profile's 46,386 took 203 s and caught it the same way).
+    """
+    profile = get_profile("smoke")
+    scenario = [s for s in catalog(get_profile("gpu"), 0) if s.name == "synthetic-boundary-vocab"]
+    assert scenario, "no synthetic-boundary-vocab in the gpu catalog"
+    records = {r.check: r for r in run([backend], scenario, profile, seed=0, device="cpu").records}
+    assert "error" not in {r.verdict for r in records.values()}, [r.message for r in records.values()]
+    structure = records["structure"]
+    if caught:
+        assert structure.verdict == "fail" and "4095" in structure.message, structure.message
+    else:
+        failed = [f"{r.check}: {r.message}" for r in records.values() if r.verdict == "fail"]
+        assert not failed, failed
 
 
 @pytest.mark.gpu

@@ -579,7 +579,9 @@ def verify_fused(
     temperature = temperature.to(torch.float64)
     # CUDA: the staged path's tiles (one request or (request, step) per program for V >= 2048).
     # The interpreter pays per element of a tile, valid or not: no more lanes than needed.
-    lanes = block_r if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b * (k + 1)))
+    # Triton 3.6 fails to compile these kernels on CUDA with one lane ('arith.extsi ... cast
+    # incompatible' at V >= 1025): two lanes at least (a masked lane costs nothing).
+    lanes = max(2, block_r) if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b * (k + 1)))
     _fused_stats_kernel[(triton.cdiv(b * (k + 1), lanes), max(t_nsplit, d_nsplit))](
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, k, b,
         scratch, t_size, d_off, d_size, t_split_len, d_split_len, has_draft, t_nsplit, d_nsplit, lanes, t_block_v, d_block_v,
@@ -591,8 +593,11 @@ def verify_fused(
         seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
         scratch, t_size, d_off, d_size, m_off, m_size, c_off, t_split_len,
     )  # fmt: skip
-    lanes = block_r if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b))
-    flags = (has_draft, has_strict, has_synthetic, has_block, t_nsplit, d_nsplit, triton.next_power_of_2(k + 1), lanes, t_block_v)
+    lanes = max(2, block_r) if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b))
+    # Steps padded to a power of two, at least 2: Triton 3.6 fails to compile a [lanes, 1]
+    # step tile on CUDA (K = 0: 'arith.extsi ... cast incompatible'); padded steps are masked.
+    kp = max(2, triton.next_power_of_2(k + 1))
+    flags = (has_draft, has_strict, has_synthetic, has_block, t_nsplit, d_nsplit, kp, lanes, t_block_v)
     _fused_mass_kernel[(triton.cdiv(b, lanes), t_nsplit)](*args, *flags, num_warps=4)
     _fused_pick_kernel[(triton.cdiv(b, lanes),)](*args, tokens, emitted, *flags, num_warps=4)
     return tokens, emitted

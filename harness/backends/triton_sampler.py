@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.backends import rows
 from harness.protocol import host
 from harness.triton_faults import TRITON_FAULTS
 from reference.methods import Method
@@ -86,6 +87,10 @@ _RESIDUAL_NOT_NORMALIZED = _fault("residual-not-normalized")
 _REUSE_UNIFORM = _fault("reuse-uniform")
 _NOISE_FLOOR = _fault("noise-floor")
 _OOV_LANE_WINS = _fault("oov-lane-wins")
+_CONTINUE_AFTER_REJECT = _fault("continue-after-reject")
+_BONUS_AFTER_REJECT = _fault("bonus-after-reject")
+_RESIDUAL_WRONG_POSITION = _fault("residual-wrong-position")
+_SHIFT_MARK = tl.constexpr(2.0)  # residual-wrong-position: a chain rejection's job rho (a real rho is <= 1)
 
 
 # --- noise ------------------------------------------------------------------------------------
@@ -245,6 +250,10 @@ def _load_job(job_trow, job_req, job_rho, jobs, mask, drafts, d_bad, HAS_DRAFT: 
     rho = tl.load(job_rho + jobs, mask=active, other=-1.0)
     resid = active & (rho >= 0)
     drow = trow - req  # draft row of target row ``row_start + k`` is ``cu[req] + k``
+    if FAULT == _RESIDUAL_WRONG_POSITION:  # a marked job weighs the next target row against this draft
+        shifted = resid & (rho == _SHIFT_MARK)
+        rho = tl.where(shifted, 1.0, rho)
+        trow = tl.where(shifted, trow + 1, trow)
     if HAS_DRAFT:
         dbad = tl.load(d_bad + drow, mask=resid, other=0) != 0
         use_draft = resid & ~dbad
@@ -418,6 +427,8 @@ def _pick_kernel(
         token = tl.where(empty, lane, token)
     if FINAL:
         dest = out + jobs * (K + 1) + tl.load(emitted + jobs, mask=act, other=1) - 1
+        if FAULT == _BONUS_AFTER_REJECT:  # a residual job's request emits one more slot: the replacement twice
+            tl.store(dest - 1, token, mask=act & (tl.load(job_rho + jobs, mask=act, other=-1.0) >= 0))
     else:
         dest = out + jobs
     tl.store(dest, token, mask=act)
@@ -515,6 +526,14 @@ def _chain_kernel(
         n = tl.where(act & ok, k + 1, n)
         rejected = rejected | (act & ~ok)
         live = act & ok
+        if FAULT == _CONTINUE_AFTER_REJECT:  # the lane goes on; the rejected slot gets the token known here
+            _, fill = _row_point(t_arg, t_bad, vrow, greedy, act & ~ok)  # the argmax: a point row's replacement
+            if HAS_STRICT:
+                fill = tl.where(method == _STRICT, strict_token, fill)
+            tl.store(tokens + r * width + k, fill, mask=act & ~ok)
+            n = tl.where(act, k + 1, n)
+            rejected = valid & False
+            live = act
         if HAS_BLOCK:
             point, _ = _row_point(t_arg, t_bad, row, greedy, bact)
             inner = bact & (k > 0) & ~point  # draft k exists, so row k is not the last
@@ -529,7 +548,12 @@ def _chain_kernel(
         final = tl.where(rejected, final, row0 + tl.maximum(n - 1, 0))
     if FAULT == _GREEDY_BONUS_SAMPLED:
         greedy = greedy & rejected  # a greedy bonus row is then drawn like a T = 1 row
-    point, pt = _row_point(t_arg, t_bad, final, greedy, chain)
+    prow = final  # the target row of the last token
+    resid_rho = 1.0
+    if FAULT == _RESIDUAL_WRONG_POSITION:
+        prow = tl.where(rejected, final + 1, final)  # inside the request: a rejection leaves its bonus row
+        resid_rho = _SHIFT_MARK
+    point, pt = _row_point(t_arg, t_bad, prow, greedy, chain)
     known = point
     token = pt
     if HAS_STRICT:
@@ -537,9 +561,13 @@ def _chain_kernel(
         known = known | strict_rejection
         token = tl.where(strict_rejection, strict_token, pt)
     tl.store(tokens + r * width + n, token, mask=chain & known)
-    tl.store(emitted + r, n + 1, mask=chain)
+    if FAULT == _BONUS_AFTER_REJECT:
+        tl.store(tokens + r * width + n + 1, token, mask=chain & known & rejected)
+        tl.store(emitted + r, n + 1 + rejected.to(tl.int64), mask=chain)
+    else:
+        tl.store(emitted + r, n + 1, mask=chain)
     tl.store(fin_trow + r, tl.where(known, -1, final), mask=chain)
-    tl.store(fin_rho + r, tl.where(rejected, 1.0, -1.0), mask=chain)
+    tl.store(fin_rho + r, tl.where(rejected, resid_rho, -1.0), mask=chain)
 
 
 @triton.jit
@@ -598,7 +626,12 @@ def _block_kernel(
     point, pt = _row_point(t_arg, t_bad, final, greedy, blk)
     rho_stop = tl.load(rho_buf + r * width + stop, mask=blk, other=1.0)
     tl.store(tokens + r * width + stop, pt, mask=blk & point)
-    tl.store(emitted + r, stop + 1, mask=blk)
+    if FAULT == _BONUS_AFTER_REJECT:
+        cut = stop < n_eff
+        tl.store(tokens + r * width + stop + 1, pt, mask=blk & point & cut)
+        tl.store(emitted + r, stop + 1 + cut.to(tl.int64), mask=blk)
+    else:
+        tl.store(emitted + r, stop + 1, mask=blk)
     tl.store(fin_trow + r, tl.where(point, -1, final), mask=blk)
     tl.store(fin_rho + r, tl.where(stop == n_eff, -1.0, rho_stop), mask=blk)
 
@@ -712,12 +745,19 @@ FUSED_MAX_REQUESTS = 256
 PATHS = ("auto", "fused", "staged")
 
 
-def takes_fused_path(path: str, num_requests: int, fused_max_requests: int = FUSED_MAX_REQUESTS, fault: int = 0) -> bool:
+def takes_fused_path(
+    path: str, num_requests: int, fused_max_requests: int = FUSED_MAX_REQUESTS, fault: int = 0, cuda: bool = False
+) -> bool:
     """Whether ``verify`` runs a batch of ``num_requests`` on the fused path. Planted faults
-    (``fault != 0``) always take the staged path: they are planted in its kernels."""
+    (``fault != 0``) always take the staged path: they are planted in its kernels.
+
+    On CUDA "auto" is the staged path: on an H100 with Triton 3.6 the fused kernels failed
+    to compile with one request lane or one step column ('arith.extsi ... cast
+    incompatible'; both padded to 2 since) and then stalled at V = 152,064 (not yet
+    diagnosed). The fused path is verified on CPU; on CUDA only when forced (``path="fused"``)."""
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
-    return fault == 0 and (path == "fused" or (path == "auto" and num_requests <= fused_max_requests))
+    return fault == 0 and (path == "fused" or (path == "auto" and not cuda and num_requests <= fused_max_requests))
 
 
 def verify(
@@ -735,7 +775,7 @@ def verify(
     Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)``; slots past ``num_emitted``
     hold -1.
     """
-    if takes_fused_path(path, cu_num_drafts.numel() - 1, fused_max_requests, fault):
+    if takes_fused_path(path, cu_num_drafts.numel() - 1, fused_max_requests, fault, target_logits.is_cuda):
         from harness.backends.triton_fused import verify_fused  # imports this module's helpers
 
         return verify_fused(
@@ -836,6 +876,7 @@ class TritonBackend:
     name = "triton"
     devices = ("cpu", "cuda")
     device_batches = True  # takes batches built on its device (harness.device_trials)
+    shared_rows = True  # reads rows through their stride: stride-0 logits stay views
 
     def __init__(
         self, device: str = "cpu", block_v: int | None = None, splits: int | None = None, path: str = "auto",
@@ -850,7 +891,7 @@ class TritonBackend:
         if self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("triton backend on cpu needs TRITON_INTERPRET=1 set before triton is imported")
         flags = {}  # the has_* flags: all True unless known
-        fused = takes_fused_path(**self.path, num_requests=batch.num_requests, fault=self.tiles.get("fault", 0))
+        fused = takes_fused_path(**self.path, num_requests=batch.num_requests, fault=self.tiles.get("fault", 0), cuda=self.device == "cuda")
         if not (fused and getattr(batch.methods, "is_cuda", False)):  # reading a CUDA batch's methods synchronizes
             methods = host(batch.methods)
             flags = dict(
@@ -861,8 +902,8 @@ class TritonBackend:
         t = batch.to_torch(self.device)
         # The interpreter reads fp32; CUDA reads the batch's dtype (half the bytes for bf16 / fp16).
         dtype = torch.float32 if self.device == "cpu" else getattr(torch, getattr(batch, "logits_dtype", "float32"))
-        t["target_logits"] = t["target_logits"].to(dtype)
-        t["draft_logits"] = None if t["draft_logits"] is None else t["draft_logits"].to(dtype)
+        t["target_logits"] = rows.cast(t["target_logits"], dtype)
+        t["draft_logits"] = None if t["draft_logits"] is None else rows.cast(t["draft_logits"], dtype)
         return verify(
             t["target_logits"], t["draft_logits"], t["draft_tokens"], t["cu_num_drafts"], t["temperature"], t["seeds"],
             t["positions"], t["methods"], t["synthetic_rates"], batch.max_drafts, **flags, **self.tiles, **self.path,

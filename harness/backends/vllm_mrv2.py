@@ -33,7 +33,7 @@ documented convention; see ``reference``).
 
 import numpy as np
 
-from harness.backends import vllm_env
+from harness.backends import rows, vllm_env
 from harness.backends.memo import LogitsMemo
 from harness.protocol import host
 from reference.methods import Method
@@ -90,6 +90,7 @@ class VllmMrv2Backend:
     name = "vllm-mrv2"
     devices = ("cpu", "cuda")
     device_batches = True  # takes batches built on its device (harness.device_trials)
+    shared_rows = True  # vLLM reads target rows by stride and draft rows by (slot, step) strides
 
     def __init__(self, use_fp64: bool = False):
         self.device = "cpu"
@@ -165,34 +166,40 @@ class _Layout:
 
         logits = self.fields["target_logits"]
         if not processed:
-            return logits.to(torch.float32)
+            return rows.cast(logits, torch.float32)
         temp = torch.where(self.row_temperature > 0, self.row_temperature, 1.0).to(torch.float32)
-        return self.memo.get("target", logits, temp, lambda: logits.to(torch.float32) / temp[:, None])
+        return self.memo.get("target", logits, temp, lambda: rows.divided(logits, temp))
 
     def draft_cache(self, batch, divide: bool, width: int | None = None):
         """``[max_num_reqs, K, V]`` draft logits by (state slot, step); unused entries are NaN.
         Raw logits are cached in the batch's ``logits_dtype`` (vLLM caches the draft head's
-        dtype, bf16 typically; the values are exact in it); divided ones in fp32."""
+        dtype, bf16 typically; the values are exact in it); divided ones in fp32.
+
+        Shared draft rows (one row for every request, ``harness.backends.rows``) give a
+        stride-0 cache of that row: every entry holds it, unused ones too (not NaN)."""
         import torch
 
-        rows = self.fields["draft_logits"]
-        if rows is None or self.k == 0:
+        draft = self.fields["draft_logits"]
+        if draft is None or self.k == 0:
             return None
         dtype = torch.float32 if divide else getattr(torch, getattr(batch, "logits_dtype", "float32"))
-        width = width or rows.shape[1]
+        width = width or draft.shape[1]
         key = torch.cat([self.slots, self.draft_steps, self.draft_temperature.view(torch.int64)])
+        temp = torch.where(self.draft_temperature > 0, self.draft_temperature, 1.0).to(torch.float32)
 
         def build():
-            r = rows.to(torch.float32)
-            if divide:
-                r = r / torch.where(self.draft_temperature > 0, self.draft_temperature, 1.0).to(torch.float32)[:, None]
+            r = rows.divided(draft, temp) if divide else rows.cast(draft, torch.float32)
+            if rows.is_shared(r):
+                row = torch.full((1, 1, width), float("-inf"), dtype=dtype, device=self.device)  # ids the draft lacks
+                row[0, 0, : r.shape[1]] = r[0].to(dtype)
+                return row.expand(self.num_slots, self.k, width)
             cache = torch.full((self.num_slots, self.k, width), float("nan"), dtype=dtype, device=self.device)
             slot = self.slots[self.owner_of_draft]
             cache[slot, self.draft_steps] = float("-inf")  # ids the draft lacks
             cache[slot, self.draft_steps, : r.shape[1]] = r.to(dtype)
             return cache
 
-        return self.memo.get(f"draft-{divide}-{width}", rows, key, build)
+        return self.memo.get(f"draft-{divide}-{width}", draft, key, build)
 
     def outputs(self, sampled, num_sampled):
         """Slots past ``num_sampled`` are uninitialised memory in vLLM: make them -1."""
