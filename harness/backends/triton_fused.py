@@ -545,6 +545,7 @@ def _fused_pick_kernel(
 
 # --- host side ----------------------------------------------------------------------------------
 _CPU_TILE = 1 << 20  # elements per tile in the interpreter: Triton's largest tensor
+_CUDA_REQUESTS = 64  # most requests per program of the chain kernels on CUDA (the staged chain's)
 
 
 def verify_fused(
@@ -577,11 +578,9 @@ def verify_fused(
     c_off = m_off + 2 * m_size
     scratch = torch.empty(c_off + b * (k + 4), dtype=torch.float64, device=dev)
     temperature = temperature.to(torch.float64)
-    # CUDA: the staged path's tiles (one request or (request, step) per program for V >= 2048).
-    # The interpreter pays per element of a tile, valid or not: no more lanes than needed.
-    # Triton 3.6 fails to compile these kernels on CUDA with one lane ('arith.extsi ... cast
-    # incompatible' at V >= 1025): two lanes at least (a masked lane costs nothing).
-    lanes = max(2, block_r) if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b * (k + 1)))
+    # CUDA: the staged path's tiles (one (request, step) per program for V >= 2048). The
+    # interpreter pays per element of a tile, valid or not: no more lanes than needed.
+    lanes = block_r if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b * (k + 1)))
     _fused_stats_kernel[(triton.cdiv(b * (k + 1), lanes), max(t_nsplit, d_nsplit))](
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, k, b,
         scratch, t_size, d_off, d_size, t_split_len, d_split_len, has_draft, t_nsplit, d_nsplit, lanes, t_block_v, d_block_v,
@@ -593,9 +592,11 @@ def verify_fused(
         seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
         scratch, t_size, d_off, d_size, m_off, m_size, c_off, t_split_len,
     )  # fmt: skip
-    lanes = max(2, block_r) if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b))
-    # Steps padded to a power of two, at least 2: Triton 3.6 fails to compile a [lanes, 1]
-    # step tile on CUDA (K = 0: 'arith.extsi ... cast incompatible'); padded steps are masked.
+    # CUDA: one request per program for V >= 2048; at tiny vocabularies at most as many as the
+    # staged chain kernel holds (Triton 3.6 took 6 min to compile [1024 lanes, 16 steps] tiles).
+    lanes = min(block_r, _CUDA_REQUESTS) if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b))
+    # Steps padded to a power of two, at least 2 (a masked step costs nothing): Triton 3.6
+    # failed on a [lanes, 1] step tile before the step indices were int64.
     kp = max(2, triton.next_power_of_2(k + 1))
     flags = (has_draft, has_strict, has_synthetic, has_block, t_nsplit, d_nsplit, kp, lanes, t_block_v)
     _fused_mass_kernel[(triton.cdiv(b, lanes), t_nsplit)](*args, *flags, num_warps=4)
