@@ -11,9 +11,9 @@ Two ways of calling each implementation: eager (launched from Python every call,
 CUDA graph and replayed (as engines run a decoding step: inputs already in the graph's
 static buffers, no host launch work). The graph column is the pipeline's device time.
 
-``triton`` is the path ``verify`` picks by default (``path="auto"``: the fused path up to
-``FUSED_MAX_REQUESTS`` requests, the staged pipeline above); ``triton-staged`` forces the
-staged pipeline at every batch size, for comparison.
+``triton`` is the path ``verify`` picks by default (``path="auto"``: on CUDA the staged
+pipeline until the fused path is measured, ``takes_fused_path``); ``triton-fused`` and
+``triton-staged`` force one path at every batch size, for comparison.
 """
 
 import argparse
@@ -132,13 +132,14 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--backends", default="triton,triton-staged,vllm-mrv2,triton-graph,triton-staged-graph,vllm-mrv2-graph")
+    ap.add_argument("--backends", default="triton,triton-fused,vllm-mrv2,triton-graph,triton-fused-graph,vllm-mrv2-graph")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 2
     bandwidth = copy_bandwidth()
-    makers = {"triton": triton_call, "triton-staged": functools.partial(triton_call, path="staged"), "vllm-mrv2": mrv2_call}
+    makers = {"triton": triton_call, "vllm-mrv2": mrv2_call}
+    makers |= {f"triton-{path}": functools.partial(triton_call, path=path) for path in ("fused", "staged")}
     rows = []
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     for v in VOCABS:

@@ -102,6 +102,12 @@ def _split_stats(
 
 
 @triton.jit
+def _split(parts, k, AXIS: tl.constexpr):
+    """``parts[..., k]`` along the splits axis ``AXIS`` (exact: one term and zeros)."""
+    return tl.sum(tl.where(tl.arange(0, parts.shape[AXIS]) == k, parts, 0), axis=AXIS)
+
+
+@triton.jit
 def _final_stats(s_m, s_s, s_arg, s_nan, rows, mask, scale, NSPLIT: tl.constexpr):
     """Final statistics of ``rows`` (any shape; ``scale`` broadcasts to it): max, log of the
     sum, argmax (int64) and degenerate flag; partials merged as ``_combine_kernel`` merges them."""
@@ -111,16 +117,25 @@ def _final_stats(s_m, s_s, s_arg, s_nan, rows, mask, scale, NSPLIT: tl.constexpr
         arg = tl.load(s_arg + rows, mask=mask, other=0.0).to(tl.int64)
         bad = tl.load(s_nan + rows, mask=mask, other=0.0) != 0
     else:
+        # Every split's partials in one load per field (a trailing axis of splits), merged in
+        # split order by a loop (unrolled, the loads of every call site made compiles take minutes).
+        axis: tl.constexpr = len(rows.shape)
+        sp = tl.arange(0, triton.next_power_of_2(NSPLIT))
+        part = tl.expand_dims(rows * NSPLIT, axis) + sp
+        pmask = tl.expand_dims(mask, axis) & (sp < NSPLIT)
+        parts_m = tl.load(s_m + part, mask=pmask, other=_LOWEST).to(tl.float32)
+        parts_s = tl.load(s_s + part, mask=pmask, other=0.0).to(tl.float32)
+        parts_arg = tl.load(s_arg + part, mask=pmask, other=0.0).to(tl.int32)
+        parts_nan = tl.load(s_nan + part, mask=pmask, other=0.0).to(tl.int32)
         m = tl.full(rows.shape, _LOWEST, tl.float32)
         s = tl.zeros(rows.shape, tl.float32)
         arg32 = tl.zeros(rows.shape, tl.int32)
         nan = tl.zeros(rows.shape, tl.int32)
-        for k in tl.static_range(NSPLIT):
-            part = rows * NSPLIT + k
-            mk = tl.load(s_m + part, mask=mask, other=_LOWEST).to(tl.float32)
-            sk = tl.load(s_s + part, mask=mask, other=0.0).to(tl.float32)
-            arg32 = tl.where((mk > m) & (sk > 0), tl.load(s_arg + part, mask=mask, other=0.0).to(tl.int32), arg32)
-            nan = tl.maximum(nan, tl.load(s_nan + part, mask=mask, other=0.0).to(tl.int32))
+        for k in range(NSPLIT):
+            mk = _split(parts_m, k, axis)
+            sk = _split(parts_s, k, axis)
+            arg32 = tl.where((mk > m) & (sk > 0), _split(parts_arg, k, axis), arg32)
+            nan = tl.maximum(nan, _split(parts_nan, k, axis))
             new_m = tl.maximum(m, mk)
             s = s * tl.exp2((m - new_m) * scale) + sk * tl.exp2((mk - new_m) * scale)
             m = new_m
@@ -170,7 +185,7 @@ def _chain(
     past the count), ``n`` drafts accepted by the standard / greedy / synthetic rule,
     whether step ``n`` rejected, ``n_eff`` drafts before the first placeholder, and block
     verification's running ratios ``rhos`` [lanes, KP] (rho_0 = 1; valid up to n_eff)."""
-    ks = tl.arange(0, KP)[None, :]
+    ks = tl.arange(0, KP).to(tl.int64)[None, :]  # int64 counts: no widening later (Triton 3.6 miscompiles one)
     step = valid[:, None] & (ks < cnt[:, None])
     x = tl.load(drafts + start[:, None] + ks, mask=step, other=-1)  # -1: placeholder or none
     good = step & (x >= 0)
@@ -211,7 +226,7 @@ def _chain(
 # --- draws ----------------------------------------------------------------------------------------
 @triton.jit
 def _job(
-    t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, trow, drow, m, logs, rho, act, scale,
+    d_m, d_s, d_arg, d_nan, drafts, trow, drow, m, logs, rho, act, scale,
     HAS_DRAFT: tl.constexpr, D_NSPLIT: tl.constexpr,
 ):  # fmt: skip
     """``_job_rows`` for one draw per lane, as [lanes, 1] columns: target row ``trow`` (max
@@ -266,20 +281,22 @@ def _pick(
 ):  # fmt: skip
     """``_pick_kernel``'s inverse CDF for one job per lane; ``mass_w`` / ``mass_t`` point at
     each lane's NSPLIT split masses. Returns the token (int64)."""
+    sp = tl.arange(0, triton.next_power_of_2(NSPLIT))[None, :]
+    parts_w = tl.load(mass_w[:, None] + sp, mask=act[:, None] & (sp < NSPLIT), other=0.0)
+    parts_t = tl.load(mass_t[:, None] + sp, mask=act[:, None] & (sp < NSPLIT), other=0.0)
     total_w = tl.zeros([BLOCK_R], tl.float64)
     total_t = tl.zeros([BLOCK_R], tl.float64)
-    for k in tl.static_range(NSPLIT):
-        total_w += tl.load(mass_w + k, mask=act, other=0.0)
-        total_t += tl.load(mass_t + k, mask=act, other=0.0)
+    for k in range(NSPLIT):
+        total_w += _split(parts_w, k, 1)
+        total_t += _split(parts_t, k, 1)
     use_w = total_w > 0  # else the residual is empty: fall back to the target row
     threshold = u * tl.where(use_w, total_w, total_t)
     below = tl.zeros([BLOCK_R], tl.float64)
     chosen = tl.full([BLOCK_R], -1, tl.int32)
     last_split = tl.zeros([BLOCK_R], tl.int32)
     frac = tl.zeros([BLOCK_R], tl.float64)
-    for k in tl.static_range(NSPLIT):
-        mass_k = tl.load(mass_w + k, mask=act, other=0.0)
-        mass = tl.where(use_w, mass_k, tl.load(mass_t + k, mask=act, other=0.0))
+    for k in range(NSPLIT):
+        mass = tl.where(use_w, _split(parts_w, k, 1), _split(parts_t, k, 1))
         take = (chosen < 0) & (mass > 0) & (below + mass > threshold)
         frac = tl.where(take, (threshold - below) / tl.where(mass > 0, mass, 1.0), frac)
         chosen = tl.where(take, k, chosen)
@@ -385,7 +402,7 @@ def _fused_mass_kernel(
         blk = valid & (method == _BLOCK)
     seq = strict | blk  # a draw may come from any row up to the first placeholder
     first = tl.where(seq, 0, n)
-    count = tl.where(seq, n_eff + 1, valid.to(tl.int32))
+    count = tl.where(seq, n_eff + 1, valid.to(tl.int64)).to(tl.int32)
     rho_chain = tl.where(strict, -1.0, tl.where(rejected, 1.0, -1.0))
     mass_w = scratch + m_off
     for i in range(0, tl.max(count, axis=0)):
@@ -397,7 +414,7 @@ def _fused_mass_kernel(
         if HAS_BLOCK:
             rho = tl.where(blk, tl.where(slot == n_eff, -1.0, _column(rhos, slot, KP)), rho_chain)
         j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
-            t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
+            d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
         )
         at = (r * (K + 1) + slot) * T_NSPLIT + split
         _split_mass(
@@ -409,7 +426,7 @@ def _fused_mass_kernel(
 
 @triton.jit
 def _draw(
-    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, positions,
+    t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts, positions,
     mass_w, m_size, r, start, trow, slot, m, logs, rho, act, scale, seed, K, split_len,
     STREAM: tl.constexpr, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -417,7 +434,7 @@ def _draw(
     """One draw per active lane from target row ``trow`` (or its residual, rho >= 0) with the
     masses ``_fused_mass_kernel`` summed for ``slot``, by the uniform of (seed, position, STREAM)."""
     j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
-        t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
+        d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
     )
     u = _uniform(seed, tl.load(positions + trow, mask=act, other=0), STREAM)
     at = (r * (K + 1) + slot) * T_NSPLIT
@@ -469,7 +486,7 @@ def _fused_pick_kernel(
             need = act & ~point
             if tl.max(need.to(tl.int32), axis=0) > 0:
                 drawn = _draw(
-                    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts,
+                    t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
                     positions, mass_w, m_size, r, start, row0 + k, tl.zeros_like(n) + k, m, logs, tl.full(temp.shape, -1.0, tl.float32),
                     need, scale, seed, K, split_len, _TARGET, HAS_DRAFT, T_NSPLIT, D_NSPLIT, BLOCK_R, BLOCK_V,
                 )  # fmt: skip
@@ -499,8 +516,11 @@ def _fused_pick_kernel(
             else:
                 q_pt = (tl.load(drafts + start + i, mask=inner & point, other=-1) == pt).to(tl.float32)
             mass = tl.where(point, tl.maximum(rho - q_pt, 0.0), 0.0).to(tl.float64)
-            for sp in tl.static_range(T_NSPLIT):
-                mass += tl.load(mass_w + (r * (K + 1) + i) * T_NSPLIT + sp, mask=inner & ~point, other=0.0)
+            sp = tl.arange(0, triton.next_power_of_2(T_NSPLIT))[None, :]
+            at = ((r * (K + 1) + i) * T_NSPLIT)[:, None] + sp
+            parts = tl.load(mass_w + at, mask=(inner & ~point)[:, None] & (sp < T_NSPLIT), other=0.0)
+            for k in range(T_NSPLIT):
+                mass += _split(parts, k, 1)
             denom = mass + 1.0 - rho
             h = tl.where(inner, tl.where(denom > 0, mass / tl.where(denom > 0, denom, 1.0), 1.0), rho)
             eta = _uniform(seed, tl.load(positions + row - 1, mask=live, other=0), _BLOCK_STREAM)
@@ -513,7 +533,7 @@ def _fused_pick_kernel(
     draw = valid & ~(greedy | bad | strict_rejected)
     if tl.max(draw.to(tl.int32), axis=0) > 0:
         drawn = _draw(
-            t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan, drafts,
+            t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
             positions, mass_w, m_size, r, start, row0 + fin, fin, m, logs, rho_fin, draw, scale, seed, K, split_len,
             _RESIDUAL, HAS_DRAFT, T_NSPLIT, D_NSPLIT, BLOCK_R, BLOCK_V,
         )  # fmt: skip
@@ -525,6 +545,7 @@ def _fused_pick_kernel(
 
 # --- host side ----------------------------------------------------------------------------------
 _CPU_TILE = 1 << 20  # elements per tile in the interpreter: Triton's largest tensor
+_CUDA_REQUESTS = 64  # most requests per program of the chain kernels on CUDA (the staged chain's)
 
 
 def verify_fused(
@@ -557,11 +578,9 @@ def verify_fused(
     c_off = m_off + 2 * m_size
     scratch = torch.empty(c_off + b * (k + 4), dtype=torch.float64, device=dev)
     temperature = temperature.to(torch.float64)
-    # CUDA: the staged path's tiles (one request or (request, step) per program for V >= 2048).
-    # The interpreter pays per element of a tile, valid or not: no more lanes than needed.
-    # Triton 3.6 fails to compile these kernels on CUDA with one lane ('arith.extsi ... cast
-    # incompatible' at V >= 1025): two lanes at least (a masked lane costs nothing).
-    lanes = max(2, block_r) if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b * (k + 1)))
+    # CUDA: the staged path's tiles (one (request, step) per program for V >= 2048). The
+    # interpreter pays per element of a tile, valid or not: no more lanes than needed.
+    lanes = block_r if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b * (k + 1)))
     _fused_stats_kernel[(triton.cdiv(b * (k + 1), lanes), max(t_nsplit, d_nsplit))](
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, k, b,
         scratch, t_size, d_off, d_size, t_split_len, d_split_len, has_draft, t_nsplit, d_nsplit, lanes, t_block_v, d_block_v,
@@ -573,9 +592,11 @@ def verify_fused(
         seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
         scratch, t_size, d_off, d_size, m_off, m_size, c_off, t_split_len,
     )  # fmt: skip
-    lanes = max(2, block_r) if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b))
-    # Steps padded to a power of two, at least 2: Triton 3.6 fails to compile a [lanes, 1]
-    # step tile on CUDA (K = 0: 'arith.extsi ... cast incompatible'); padded steps are masked.
+    # CUDA: one request per program for V >= 2048; at tiny vocabularies at most as many as the
+    # staged chain kernel holds (Triton 3.6 took 6 min to compile [1024 lanes, 16 steps] tiles).
+    lanes = min(block_r, _CUDA_REQUESTS) if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b))
+    # Steps padded to a power of two, at least 2 (a masked step costs nothing): Triton 3.6
+    # failed on a [lanes, 1] step tile before the step indices were int64.
     kp = max(2, triton.next_power_of_2(k + 1))
     flags = (has_draft, has_strict, has_synthetic, has_block, t_nsplit, d_nsplit, kp, lanes, t_block_v)
     _fused_mass_kernel[(triton.cdiv(b, lanes), t_nsplit)](*args, *flags, num_warps=4)

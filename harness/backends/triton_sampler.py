@@ -27,8 +27,8 @@ output depends on its own inputs only, and tiles depend on the vocabulary alone.
 Conventions follow ``reference`` (block verification's running ratio stays 0 once 0:
 ``0 * inf = 0``, as ``reference.rules.block_step``).
 
-Batches of up to ``FUSED_MAX_REQUESTS`` requests take the fused path instead
-(``harness.backends.triton_fused``: the same outputs in three launches); ``path`` chooses.
+The fused path (``harness.backends.triton_fused``) gives the same outputs in three launches;
+``path`` chooses, and the default takes it for small batches (``takes_fused_path``).
 """
 
 import os
@@ -733,8 +733,9 @@ class _Context:
         )  # fmt: skip
 
 
-# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3 launches, 3
-# allocations, no host sync, the same tiles and memory traffic) up to this many requests and
+# ``path="auto"`` (on CPU; on CUDA see ``takes_fused_path``) takes the fused path
+# (``harness.backends.triton_fused``: 3 launches, 3 allocations, no host sync, the same tiles
+# and memory traffic) up to this many requests and
 # the staged pipeline (~10 launches and a dozen allocations: ~0.05 ms under CUDA graphs on an
 # H200 at B = 1, ~0.3 ms eager) above. 256 covers every shape where the staged path was
 # measured slower than vLLM MRV2 (benchmarks/RESULTS.md: under graphs B <= 64 at every V and
@@ -751,10 +752,12 @@ def takes_fused_path(
     """Whether ``verify`` runs a batch of ``num_requests`` on the fused path. Planted faults
     (``fault != 0``) always take the staged path: they are planted in its kernels.
 
-    On CUDA "auto" is the staged path: on an H100 with Triton 3.6 the fused kernels failed
-    to compile with one request lane or one step column ('arith.extsi ... cast
-    incompatible'; both padded to 2 since) and then stalled at V = 152,064 (not yet
-    diagnosed). The fused path is verified on CPU; on CUDA only when forced (``path="fused"``)."""
+    On CUDA "auto" is the staged path until the fused path is measured there: on an H100
+    with Triton 3.6 its kernels failed to compile with one request lane ('arith.extsi ...
+    cast incompatible'; fixed since by int64 step indices) and a call at V = 152,064 did not
+    return within 150 s, most likely compiling (its configuration took Triton 3.6 93 s to
+    compile offline for sm_90 with the split loops unrolled, 7 s now). The fused path is
+    verified on CPU; on CUDA it runs only when forced (``path="fused"``)."""
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
     return fault == 0 and (path == "fused" or (path == "auto" and not cuda and num_requests <= fused_max_requests))
