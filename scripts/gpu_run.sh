@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Verify on an air-gapped GPU machine (no package access): the vLLM trees and wheels travel
 # in vendor/ (scripts/build_vllm_tree.py; vendor/suite-wheels from `pip download`).
-# Usage: OUT=/some/dir [STEPS="verdict runs pytest kernels"] [VERDICT_ARGS="--backend triton"] bash scripts/gpu_run.sh
+# Usage: OUT=/some/dir [STEPS="verdict runs pytest kernels"] [VERDICT_ARGS="--backend triton"]
+#        [PYTEST_ARGS="suites/test_triton.py -m gpu"] [KERNEL_ARGS="--backends triton,vllm-mrv2"] bash scripts/gpu_run.sh
 #   -> $OUT/gpu_results.tgz (logs, JSON, reports)
 set -u
 OUT=${OUT:-reports/gpu}
@@ -27,7 +28,7 @@ if has runs; then
       --out "$WORK/run-gpu-$b" --no-progress
   done
 fi
-has pytest && step pytest_gpu "${PYTEST_TIMEOUT:-300}" python -m pytest suites/ -m gpu -q -p no:cacheprovider -rA --durations=25
-has kernels && step bench_kernels "${BENCH_TIMEOUT:-170}" python benchmarks/bench_kernels.py --json "$WORK/bench_kernels.json"
+has pytest && step pytest_gpu "${PYTEST_TIMEOUT:-300}" python -m pytest ${PYTEST_ARGS:-suites/ -m gpu} -q -p no:cacheprovider -rA --durations=25
+has kernels && step bench_kernels "${BENCH_TIMEOUT:-170}" python benchmarks/bench_kernels.py --json "$WORK/bench_kernels.json" ${KERNEL_ARGS:-}
 tar -czf "$OUT/gpu_results.tgz" -C "$WORK" .
 cat "$WORK/steps.txt"

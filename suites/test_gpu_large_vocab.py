@@ -22,7 +22,9 @@ AVAILABILITY = {"vllm-mrv2": vllm_mrv2.availability, "vllm-v1": vllm_v1.availabi
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("stationary", [True, False], ids=["shared-rows", "per-step-rows"])
-@pytest.mark.parametrize("backend", ["triton", "vllm-mrv2", "vllm-v1"])
+@pytest.mark.parametrize(
+    "backend", ["triton", pytest.param("harness.backends.triton_fused:FusedTritonBackend", id="triton-fused"), "vllm-mrv2", "vllm-v1"]
+)
 def test_full_power_at_152k_vocab_and_8_drafts(backend, stationary):
     if backend in AVAILABILITY:
         ok, why = AVAILABILITY[backend]()

@@ -512,6 +512,59 @@ def test_gpu_large_vocab_mixed_batch():
             assert tokens[r].tolist() == rtok[r].tolist() and emitted[r] == rem[r], f"greedy request {r} differs"
 
 
+def _device_mixed_batch(vocab, b, k, seed, device="cuda"):
+    """Ragged mixed batch built on the device: every method, temperatures 0 / 0.5 / 1, masked and
+    near-target bf16 draft rows, drafts mostly the target's argmax, a placeholder, rates."""
+    g = torch.Generator(device).manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, k + 1, b)
+    counts[: min(b, 2)] = [k, 0][: min(b, 2)]
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)])).to(device)
+    d = int(counts.sum())
+    target = torch.randn(d + b, vocab, device=device, generator=g) * 3
+    target[::5, vocab // 3 :] = -math.inf
+    rows = torch.from_numpy(np.arange(d) + np.repeat(np.arange(b), counts)).to(device)
+    draft = (target[rows] + torch.randn(d, vocab, device=device, generator=g) * 0.5).to(torch.bfloat16)
+    drafts = torch.where(
+        torch.rand(d, device=device, generator=g) < 0.7, target[rows].argmax(1), torch.randint(0, vocab, (d,), device=device, generator=g)
+    )
+    if d > 1:
+        drafts[d // 2] = -1
+    methods = torch.from_numpy(np.resize(np.array([Method.STANDARD, Method.STRICT, Method.BLOCK, Method.SYNTHETIC], np.int8), b)).to(device)
+    temps = torch.from_numpy(np.resize([1.0, 0.0, 0.5], b)).to(device)
+    seeds = torch.randint(0, 1 << 62, (b,), device=device, generator=g)
+    positions = torch.arange(d + b, device=device, dtype=torch.int64) * 7
+    rates = torch.rand(b, k, device=device, generator=g, dtype=torch.float64)
+    return target, draft, drafts, cu, temps, seeds, positions, methods, rates, k
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("vocab,b,k", [(32000, 1, 1), (3000, 17, 8), (152064, 3, 4), (131072, 64, 8), (152064, 256, 8)])
+def test_gpu_fused_equals_staged(vocab, b, k):
+    """On CUDA the fused path gives the staged path's tokens and counts, request for request,
+    on ragged mixed batches (every method, greedy rows, masked rows, a placeholder)."""
+    for seed in range(2):
+        args = _device_mixed_batch(vocab, b, k, seed)
+        fused = [t.cpu().numpy() for t in ts.verify(*args, path="fused")]
+        staged = [t.cpu().numpy() for t in ts.verify(*args, path="staged")]
+        bad = np.flatnonzero((fused[0] != staged[0]).any(axis=1) | (fused[1] != staged[1]))
+        assert bad.size == 0, (
+            f"seed {seed}: {bad.size} of {b} requests differ; first {bad[0]}: fused {fused[0][bad[0]]} / {fused[1][bad[0]]}, staged {staged[0][bad[0]]} / {staged[1][bad[0]]}"
+        )
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_profile_catalog_fused_path():
+    """The ``gpu`` profile catalog on CUDA with every call on the fused path."""
+    profile = get_profile("gpu")
+    scenarios = [s for s in catalog(profile, seed=0) if _logit_volume(s, profile) <= MAX_CATALOG_LOGITS]
+    result = run([FUSED], scenarios, profile, seed=0, device="cuda")
+    bad = [f"{r.scenario}[{r.template}] {r.check}: {r.verdict} {r.message}" for r in result.records if r.verdict in ("fail", "error")]
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_far_tail():
