@@ -11,8 +11,8 @@ Two ways of calling each implementation: eager (launched from Python every call,
 CUDA graph and replayed (as engines run a decoding step: inputs already in the graph's
 static buffers, no host launch work). The graph column is the pipeline's device time.
 
-``triton`` is the path ``verify`` picks by default (``path="auto"``: on CUDA the staged
-pipeline until the fused path is measured, ``takes_fused_path``); ``triton-fused`` and
+``triton`` is the path ``verify`` picks by default (``path="auto"``: on CUDA the fused path
+up to ``FUSED_MAX_REQUESTS_CUDA`` requests, ``takes_fused_path``); ``triton-fused`` and
 ``triton-staged`` force one path at every batch size, for comparison.
 """
 
@@ -56,8 +56,14 @@ def inputs(b, k, v, seed=0):
     }
 
 
-def triton_call(x, b, k, v, path="auto"):
+def triton_call(x, b, k, v, path="auto", tiles=None):
+    """``tiles`` ("BLOCK_VxT"): BLOCK_V-wide tiles, T tiles per vocabulary split (default: ``_tiles``)."""
     from harness.backends.triton_sampler import verify
+
+    block_v, splits = None, None
+    if tiles:
+        block_v, per_split = (int(n) for n in tiles.split("x"))
+        splits = -(-v // (block_v * per_split))
 
     cu = torch.arange(0, b * k + 1, k, device="cuda", dtype=torch.int64)
     positions = torch.arange(b * (k + 1), device="cuda", dtype=torch.int64) + 1000
@@ -82,6 +88,8 @@ def triton_call(x, b, k, v, path="auto"):
             has_block=False,
             has_synthetic=False,
             path=path,
+            block_v=block_v,
+            splits=splits,
         )
 
     return call
@@ -133,7 +141,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--backends", default="triton,triton-fused,vllm-mrv2,triton-graph,triton-fused-graph,vllm-mrv2-graph")
+    ap.add_argument("--tiles", help="also time the triton backends with these tile policies (BLOCK_VxT,...: T tiles per split)")
+    ap.add_argument("--batches", help=f"comma-separated (default: {BATCHES})")
+    ap.add_argument("--drafts", help=f"comma-separated (default: {DRAFTS})")
+    ap.add_argument("--vocabs", help=f"comma-separated (default: {VOCABS})")
     args = ap.parse_args()
+    ints = lambda text, default: tuple(int(n) for n in text.split(",")) if text else default  # noqa: E731
+    names = args.backends.split(",")
+    names += [f"{n}@{t}" for t in (args.tiles.split(",") if args.tiles else ()) for n in names if n.startswith("triton")]
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 2
@@ -142,9 +157,9 @@ def main() -> int:
     makers |= {f"triton-{path}": functools.partial(triton_call, path=path) for path in ("fused", "staged")}
     rows = []
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    for v in VOCABS:
-        for k in DRAFTS:
-            for b in BATCHES:
+    for v in ints(args.vocabs, VOCABS):
+        for k in ints(args.drafts, DRAFTS):
+            for b in ints(args.batches, BATCHES):
                 x = inputs(b, k, v)
                 nbytes = b * (k + 1) * v * 4 + b * k * v * 2
                 row = {
@@ -154,18 +169,20 @@ def main() -> int:
                     "bytes": nbytes,
                     "triton_path": "fused" if takes_fused_path("auto", b, cuda=True) else "staged",
                 }
-                for name in args.backends.split(","):
+                for name in names:
                     try:
-                        base = name.removesuffix("-graph")
-                        call = makers[base](x, b, k, v)
-                        ms = do_bench(graphed(call) if name != base else call, warmup=25, rep=200)
+                        base, _, tiles = name.partition("@")
+                        graph = base.endswith("-graph")
+                        base = base.removesuffix("-graph")
+                        call = makers[base](x, b, k, v, tiles=tiles) if tiles else makers[base](x, b, k, v)
+                        ms = do_bench(graphed(call) if graph else call, warmup=25, rep=200)
                         row[name] = {"ms": ms, "TBps": nbytes / (ms * 1e-3) / 1e12, "of_copy": nbytes / (ms * 1e-3) / bandwidth}
                     except Exception as e:  # one backend failing to run a shape is its own result
                         row[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 rows.append(row)
                 cells = "  ".join(
                     f"{n}: {row[n]['ms']:.3f} ms ({row[n]['of_copy']:.0%} of copy)" if "ms" in row[n] else f"{n}: {row[n]['error']}"
-                    for n in args.backends.split(",")
+                    for n in names
                 )
                 print(f"B={b:5d} K={k} V={v:6d} ({row['triton_path']})  {cells}", flush=True)
                 del x

@@ -70,9 +70,30 @@ class Check:
         return self.detectable(trials) if self.detectable else float("nan")
 
 
+@dataclass(frozen=True)
+class PooledCells:
+    """The bins of a design and what evaluating against them reuses: ``index = bins + 1``
+    (0 for impossible cells: one ``bincount`` pools a tally and counts the impossible
+    observations) and the designed probabilities summed per bin."""
+
+    bins: np.ndarray
+    index: np.ndarray
+    probs: np.ndarray
+
+    @classmethod
+    def of(cls, bins: np.ndarray, probs: np.ndarray) -> "PooledCells":
+        index = bins + 1
+        return cls(bins, index, np.bincount(index, weights=probs, minlength=int(index.max(initial=0)) + 1)[1:])
+
+    def pool(self, observed: np.ndarray) -> tuple[np.ndarray, int]:
+        """(observed counts per bin, observations in impossible cells)."""
+        counts = np.bincount(self.index, weights=observed, minlength=self.probs.size + 1)
+        return counts[1:], int(counts[0])
+
+
 def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float = 1.0, segments: int = 1):
-    """(trials, bins, df) for a chi-square test: pool at the trial count that the pooled df
-    needs. ``bins`` is a function returning the bins.
+    """(trials, pooled, df) for a chi-square test: pool at the trial count that the pooled df
+    needs. ``pooled`` is a function returning the ``PooledCells``.
 
     Above ``BACKGROUND_POOLING_CELLS`` possible cells (large vocabularies: 10^5-10^6) the
     design takes the largest df the capped bins can have, ``MAX_BINS - segments``: the
@@ -84,7 +105,7 @@ def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float =
     if possible > BACKGROUND_POOLING_CELLS:
         df = max(stats.MAX_BINS - segments, 1)
         n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
-        return n, _POOLER.submit(lambda: stats.Pooling(probs).capped(stats.MAX_BINS, n)).result, df
+        return n, _POOLER.submit(lambda: PooledCells.of(stats.Pooling(probs).capped(stats.MAX_BINS, n), probs)).result, df
     n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(possible - segments, 1), steps)
     pooling = stats.Pooling(probs)  # sorted once for every round
     for _ in range(MAX_POOLING_ROUNDS):
@@ -94,14 +115,14 @@ def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float =
         if needed >= n:
             break
         n = needed
-    bins = pooling.bins(threshold)
-    return needed, lambda: bins, df
+    pooled = PooledCells.of(pooling.bins(threshold), probs)
+    return needed, lambda: pooled, df
 
 
-def _cells_summary(label, observed, expected, bins, limit=12, pooled=None):
+def _cells_summary(label, observed, expected, bins, limit=12, pooled=None, impossible=None):
     """The ``limit`` most expected pooled cells, named by ``label(cell)`` (a function: large
     vocabularies have 10^6 cells, of which a dozen are named). ``pooled``: (observed,
-    expected) per pooled cell when the test already summed them."""
+    expected) per pooled cell, and ``impossible`` observations, when the test already summed them."""
     o, e = pooled or (stats.pooled(observed, bins), stats.pooled(expected, bins))
     order = np.argsort(-e, kind="stable")
     shown = order[:limit]
@@ -116,7 +137,8 @@ def _cells_summary(label, observed, expected, bins, limit=12, pooled=None):
     if order.size > limit:
         rest = order[limit:]
         rows.append((f"all {rest.size} other cells", float(o[rest].sum()), float(e[rest].sum())))
-    impossible = float(np.asarray(observed).ravel()[bins < 0].sum())
+    if impossible is None:
+        impossible = float(np.asarray(observed).ravel()[bins < 0].sum())
     if impossible:
         rows.append(("impossible cells", impossible, 0.0))
     return rows
@@ -130,7 +152,7 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
     possible = probs > 0
     n_seg = int(np.unique(seg[possible]).size) if segments is not None else int(possible.any())
     exact = int(possible.sum()) <= n_seg  # every segment is a point mass
-    design, get_bins, df = _design_pooling(probs if reach is None else probs * reach[seg], profile, steps, n_seg)
+    design, get_pooled, df = _design_pooling(probs if reach is None else probs * reach[seg], profile, steps, n_seg)
     if exact:
         design = stats.exact_trials_for_rate(profile.power, profile.tv)
 
@@ -140,8 +162,10 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
         return observed, probs * sizes[seg]
 
     def evaluate(tally: TemplateTally, rng) -> Verdict:
+        if segments is None and reach is None and not exact:
+            return evaluate_one_multinomial(tally, rng)
         observed, expected = cells(tally)
-        bins = get_bins()
+        bins = get_pooled().bins
         trials = int(observed.sum() if reach is None else observed[seg == 0].sum())  # trials reaching step 0
         if exact:
             bad = int(observed[probs == 0].sum())
@@ -153,13 +177,26 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
                 _cells_summary(label, observed, expected, bins),
             )  # fmt: skip
         r = stats.chi_square_test(observed, expected, bins, seg, rng)
+        return gof_verdict(r, trials, _cells_summary(label, observed, expected, bins, pooled=r.pooled))
+
+    def evaluate_one_multinomial(tally: TemplateTally, rng) -> Verdict:
+        """``evaluate`` without a per-cell expected array: the tally pooled by one ``bincount``
+        and tested against the design's pooled probabilities (10^6 cells at large V)."""
+        observed = np.asarray(source(tally)).ravel()
+        pooled = get_pooled()
+        o, impossible = pooled.pool(observed)
+        trials = int(observed.sum())
+        r = stats.chi_square_pooled(o, pooled.probs * trials, impossible, rng)
+        return gof_verdict(r, trials, _cells_summary(label, None, None, pooled.bins, pooled=r.pooled, impossible=impossible))
+
+    def gof_verdict(r: stats.GofResult, trials: int, cells_summary) -> Verdict:
         detect = stats.detectable_tv(profile.alpha, profile.power, df, trials, steps)
         msg = f"X2={r.statistic:.2f} df={r.df} p={r.p_value:.3g}"
         if r.impossible:
             msg = f"{r.impossible} observation(s) in zero-probability cells; " + msg
         return Verdict(
             "gof", r.p_value > profile.alpha, r.statistic, r.df, r.p_value, profile.alpha, trials,
-            detect, r.tv_estimate, r.tv_ci, msg, _cells_summary(label, observed, expected, bins, pooled=r.pooled),
+            detect, r.tv_estimate, r.tv_ci, msg, cells_summary,
         )  # fmt: skip
 
     def detectable(n):

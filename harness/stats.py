@@ -186,24 +186,38 @@ def chi_square_test(observed, expected, bins, segments=None, rng=None, with_ci=T
     """
     observed = np.asarray(observed, dtype=np.float64).ravel()
     expected = np.asarray(expected, dtype=np.float64).ravel()
-    seg = np.zeros(observed.size, dtype=np.int64) if segments is None else np.asarray(segments).ravel()
     impossible = int(observed[bins < 0].sum())
     o, e = pooled(observed, bins), pooled(expected, bins)
+    if segments is None and with_ci:
+        return chi_square_pooled(o, e, impossible, rng)
+    seg = np.zeros(observed.size, dtype=np.int64) if segments is None else np.asarray(segments).ravel()
+    n_segments = np.unique(seg[(bins >= 0) & (expected > 0)]).size if segments is not None else int((e > 0).any())
+    r = _pearson(o, e, impossible, n_segments)
+    if with_ci:
+        tv, ci = _tv_with_ci(observed, expected, seg, rng)
+    else:
+        tv, ci = 0.5 * float(np.abs(observed - expected).sum()) / max(r.trials, 1), None
+    return GofResult(r.statistic, r.df, r.p_value, r.trials, r.cells, impossible, tv, ci, (o, e))
+
+
+def chi_square_pooled(o, e, impossible: int = 0, rng=None) -> GofResult:
+    """``chi_square_test`` of one multinomial from its pooled counts: ``o`` observed and ``e``
+    expected per bin, ``impossible`` observations outside every bin (zero-probability
+    cells, counted as one more cell of the effect size). The effect size is taken over the
+    bins: at V = 152k the raw cells' plug-in TV is mostly sampling noise, and resampling
+    10^5 cells takes seconds."""
+    r = _pearson(o, e, impossible, int((e > 0).any()))
+    tv, ci = _tv_with_ci(np.append(o, float(impossible)), np.append(e, 0.0), np.zeros(o.size + 1, dtype=np.int64), rng)
+    return GofResult(r.statistic, r.df, r.p_value, r.trials, r.cells, impossible, tv, ci, (o, e))
+
+
+def _pearson(o, e, impossible: int, n_segments: int) -> GofResult:
+    """The statistic, df and p-value over pooled bins (no effect size)."""
     live = e > 0
-    n_segments = np.unique(seg[(bins >= 0) & (expected > 0)]).size if segments is not None else int(live.any())
     df = max(int(live.sum()) - n_segments, 1)
     x2 = float(np.sum((o[live] - e[live]) ** 2 / e[live]))
     p = 0.0 if impossible else float(stats.chi2.sf(x2, df))
-    trials = int(observed.sum())
-    if not with_ci:
-        tv, ci = 0.5 * float(np.abs(observed - expected).sum()) / max(trials, 1), None
-    elif n_segments <= 1 and not impossible:
-        # The effect size over the cells the test compares (pooled): at V = 152k the raw
-        # cells' plug-in TV is mostly sampling noise, and resampling 10^5 cells takes seconds.
-        tv, ci = _tv_with_ci(o, e, np.zeros(o.size, dtype=np.int64), rng)
-    else:
-        tv, ci = _tv_with_ci(observed, expected, seg, rng)
-    return GofResult(x2, df, p, trials, int(live.sum()), impossible, tv, ci, (o, e))
+    return GofResult(x2, df, p, int(round(float(o.sum()))) + impossible, int(live.sum()), impossible, 0.0, None)
 
 
 def _tv_with_ci(observed, expected, seg, rng, reps: int = 200):

@@ -413,6 +413,8 @@ def test_path_dispatch():
     assert ts.takes_fused_path("auto", 10, fused_max_requests=10) and not ts.takes_fused_path("auto", 11, fused_max_requests=10)
     assert ts.takes_fused_path("fused", 10**6) and not ts.takes_fused_path("staged", 1)
     assert not ts.takes_fused_path("fused", 1, fault=3) and not ts.takes_fused_path("auto", 1, fault=3)
+    cuda_max = ts.FUSED_MAX_REQUESTS_CUDA  # CUDA: its own measured threshold
+    assert ts.takes_fused_path("auto", cuda_max, cuda=True) and not ts.takes_fused_path("auto", cuda_max + 1, cuda=True)
     with pytest.raises(ValueError, match="path"):
         ts.TritonBackend(path="fast")
 

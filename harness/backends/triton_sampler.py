@@ -733,41 +733,35 @@ class _Context:
         )  # fmt: skip
 
 
-# ``path="auto"`` (on CPU; on CUDA see ``takes_fused_path``) takes the fused path
-# (``harness.backends.triton_fused``: 3 launches, 3 allocations, no host sync, the same tiles
-# and memory traffic) up to this many requests and
-# the staged pipeline (~10 launches and a dozen allocations: ~0.05 ms under CUDA graphs on an
-# H200 at B = 1, ~0.3 ms eager) above. 256 covers every shape where the staged path was
-# measured slower than vLLM MRV2 (benchmarks/RESULTS.md: under graphs B <= 64 at every V and
-# B = 256 at V = 32000; eager also B = 256 at K = 1) and leaves B = 1024, where its device
-# time was measured as fast or faster at every V and K (eager it still loses at V = 32000,
-# K <= 4: Python launch work), to the staged path until the fused path is measured there.
+# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3 launches, 3
+# allocations, no host sync) up to this many requests, and the staged pipeline (~10 launches,
+# a dozen allocations) above. Interpreter (CPU): 256, where the fused path's fewer programs
+# pay. CUDA, measured on an H100 (benchmarks/RESULTS.md, session 4): at B = 1 the fused path
+# is faster at every V and K, eager (0.11-0.25 ms vs 0.41-0.88 ms) and under CUDA graphs
+# (0.041-0.055 ms vs 0.046-0.056 ms); at B = 64 it is faster eager but up to 21% slower under
+# graphs at V >= 131072, and from B = 256 the staged path wins at V >= 131072 in both modes.
 FUSED_MAX_REQUESTS = 256
+FUSED_MAX_REQUESTS_CUDA = 8
 PATHS = ("auto", "fused", "staged")
 
 
-def takes_fused_path(
-    path: str, num_requests: int, fused_max_requests: int = FUSED_MAX_REQUESTS, fault: int = 0, cuda: bool = False
-) -> bool:
-    """Whether ``verify`` runs a batch of ``num_requests`` on the fused path. Planted faults
-    (``fault != 0``) always take the staged path: they are planted in its kernels.
-
-    On CUDA "auto" is the staged path until the fused path is measured there: on an H100
-    with Triton 3.6 its kernels failed to compile with one request lane ('arith.extsi ...
-    cast incompatible'; fixed since by int64 step indices) and a call at V = 152,064 did not
-    return within 150 s, most likely compiling (its configuration took Triton 3.6 93 s to
-    compile offline for sm_90 with the split loops unrolled, 7 s now). The fused path is
-    verified on CPU; on CUDA it runs only when forced (``path="fused"``)."""
+def takes_fused_path(path: str, num_requests: int, fused_max_requests: int | None = None, fault: int = 0, cuda: bool = False) -> bool:
+    """Whether ``verify`` runs a batch of ``num_requests`` on the fused path: "auto" takes
+    it up to ``fused_max_requests`` requests (default: ``FUSED_MAX_REQUESTS``, or
+    ``FUSED_MAX_REQUESTS_CUDA`` on CUDA). Planted faults (``fault != 0``) always take the
+    staged path: they are planted in its kernels."""
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
-    return fault == 0 and (path == "fused" or (path == "auto" and not cuda and num_requests <= fused_max_requests))
+    if fused_max_requests is None:
+        fused_max_requests = FUSED_MAX_REQUESTS_CUDA if cuda else FUSED_MAX_REQUESTS
+    return fault == 0 and (path == "fused" or (path == "auto" and num_requests <= fused_max_requests))
 
 
 def verify(
     target_logits, draft_logits, draft_tokens, cu_num_drafts, temperature, seeds, positions, methods,
     synthetic_rates, max_drafts: int, *, has_strict: bool = True, has_block: bool = True, has_synthetic: bool = True,
     block_v: int | None = None, splits: int | None = None, fault: int = 0, path: str = "auto",
-    fused_max_requests: int = FUSED_MAX_REQUESTS,
+    fused_max_requests: int | None = None,
 ):  # fmt: skip
     """Device-side verification of one batch of torch tensors (``VerifyBatch`` layout).
 
@@ -883,7 +877,7 @@ class TritonBackend:
 
     def __init__(
         self, device: str = "cpu", block_v: int | None = None, splits: int | None = None, path: str = "auto",
-        fused_max_requests: int = FUSED_MAX_REQUESTS,
+        fused_max_requests: int | None = None,
     ):  # fmt: skip
         self.device = device
         self.tiles = {"block_v": block_v, "splits": splits}  # None: chosen from the vocabulary
