@@ -11,6 +11,9 @@ identical runs (the first, reported as ``cold_s``, compiles the kernels for its 
 * backend: the part of ``sample`` inside the backend's own ``sample`` call (synchronized);
 * verdict: evaluate every planned check.
 
+A third run, synchronized around each part, splits the sampling loop outside the backend
+into building inputs and tallying (``loop_parts``).
+
 Time to verdict = plan + sample + verdict; harness overhead = 1 - backend / verdict time.
 
 Run on a GPU machine: ``python benchmarks/bench_verdict.py --json OUT.json`` (vLLM from the
@@ -29,6 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from harness.device_tally import DeviceTally  # noqa: E402
+from harness.device_trials import DeviceTrials  # noqa: E402
 from harness.environment import describe  # noqa: E402
 from harness.profiles import get_profile  # noqa: E402
 from harness.runner import load_for_device, planned_trials, sample_scenario  # noqa: E402
@@ -61,6 +66,40 @@ class Timed:
 
 
 ROWS = ("shared", "per-step")
+
+
+class LoopParts:
+    """Seconds in each part of the sampling loop outside the backend (device synchronized
+    around each, so measured on a separate run: the syncs stop CPU and GPU overlapping)."""
+
+    PARTS = {
+        "build inputs": (DeviceTrials, ("__init__", "prepare", "chunk")),
+        "tally": (DeviceTally, ("__init__", "add", "finish")),
+    }
+
+    def __enter__(self):
+        self.seconds, self.saved = dict.fromkeys(self.PARTS, 0.0), []
+        for part, (cls, names) in self.PARTS.items():
+            for name in names:
+                original = getattr(cls, name)
+                self.saved.append((cls, name, original))
+                setattr(cls, name, self._timed(part, original))
+        return self
+
+    def _timed(self, part, fn):
+        def timed(*args, **kwargs):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            torch.cuda.synchronize()
+            self.seconds[part] += time.perf_counter() - t0
+            return out
+
+        return timed
+
+    def __exit__(self, *exc):
+        for cls, name, original in self.saved:
+            setattr(cls, name, original)
 
 
 def scenario(vocab: int, k: int, rows: str) -> Scenario:
@@ -117,7 +156,12 @@ def main() -> int:
             s = scenario(vocab, k, rows_kind)
             cold = measure(backend, s, profile)  # compiles the kernels for this run's chunk sizes
             row = {"backend": name, "rows": rows_kind, "vocab": vocab, "drafts": k, **measure(backend, s, profile)}
-            results.append({**row, "cold_s": cold["time_to_verdict_s"]})
+            with LoopParts() as parts:
+                synced = measure(backend, s, profile)
+            loop = {"synced_sample_s": synced["sample_s"], "synced_backend_s": synced["backend_s"]} | {
+                f"{p}_s": v for p, v in parts.seconds.items()
+            }
+            results.append({**row, "cold_s": cold["time_to_verdict_s"], "loop_parts": loop})
             print(json.dumps(results[-1]), flush=True)
             torch.cuda.empty_cache()
     out = {"command": " ".join(sys.argv), "environment": describe(), "profile": profile.name, "results": results}
