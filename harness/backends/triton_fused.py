@@ -50,6 +50,7 @@ from harness.backends.triton_sampler import (
     _SYNTHETIC,
     _TARGET,
     TritonBackend,
+    _draw_in_split,
     _inv_temperature,
     _stats_step,
     _store_final,
@@ -304,32 +305,10 @@ def _pick(
         below += mass
     frac = tl.minimum(tl.where(chosen < 0, 1.0, frac), 1.0)  # rounding past the total: the end
     lo = (tl.where(chosen < 0, last_split, chosen) * split_len)[:, None]
-    hi = tl.minimum(lo + split_len, V)
-    weigh = resid & use_w[:, None]
-    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float64)
-    for start in range(0, split_len, BLOCK_V):
-        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
-        w, _ = _tile_weights(
-            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, 0, False,
-        )  # fmt: skip
-        acc += w.to(tl.float64)
-    left = (frac * tl.sum(acc, axis=1))[:, None]
-    running = tl.zeros([BLOCK_R, 1], tl.float64)
-    token = tl.full([BLOCK_R], _NO_ID, tl.int32)
-    last = tl.full([BLOCK_R], -1, tl.int32)
-    for start in range(0, split_len, BLOCK_V):
-        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
-        w, _ = _tile_weights(
-            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, 0, True,
-        )  # fmt: skip
-        csum = tl.cumsum(w.to(tl.float64), axis=1) + running
-        passed = (csum > left) & (w > 0)
-        token = tl.minimum(token, tl.min(tl.where(passed, cols, _NO_ID), axis=1))
-        last = tl.maximum(last, tl.max(tl.where(w > 0, cols, -1), axis=1))
-        running = tl.max(csum, axis=1)[:, None]
-    return tl.where(token == _NO_ID, last, token).to(tl.int64)  # rounding at the split's end
+    return _draw_in_split(
+        t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
+        resid & use_w[:, None], use_draft, excl, lo, frac, split_len, HAS_DRAFT, 0, BLOCK_R, BLOCK_V,
+    )  # fmt: skip
 
 
 # --- kernels --------------------------------------------------------------------------------------

@@ -344,6 +344,43 @@ def _mass_kernel(
 
 
 @triton.jit
+def _draw_in_split(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, weigh,
+    use_draft, excl, lo, frac, split_len, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """The inverse-CDF draw inside the split starting at ``lo`` (one per lane): the first
+    token whose running weight passes ``frac`` of the split's weight (summed here in tile
+    order). Returns the token (int64); the split's last positive token when rounding runs
+    past its end."""
+    hi = tl.minimum(lo + split_len, V)
+    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float64)
+    for start in range(0, split_len, BLOCK_V):
+        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
+        w, _ = _tile_weights(
+            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
+            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
+        )  # fmt: skip
+        acc += w.to(tl.float64)
+    left = (frac * tl.sum(acc, axis=1))[:, None]
+    running = tl.zeros([BLOCK_R, 1], tl.float64)
+    token = tl.full([BLOCK_R], _NO_ID, tl.int32)
+    last = tl.full([BLOCK_R], -1, tl.int32)
+    for start in range(0, split_len, BLOCK_V):
+        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
+        w, _ = _tile_weights(
+            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
+            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, True,
+        )  # fmt: skip
+        csum = tl.cumsum(w.to(tl.float64), axis=1) + running
+        passed = (csum > left) & (w > 0)
+        token = tl.minimum(token, tl.min(tl.where(passed, cols, _NO_ID), axis=1))
+        last = tl.maximum(last, tl.max(tl.where(w > 0, cols, -1), axis=1))
+        running = tl.max(csum, axis=1)[:, None]
+    return tl.where(token == _NO_ID, last, token).to(tl.int64)  # rounding at the split's end
+
+
+@triton.jit
 def _pick_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_logs, d_m, d_logs, d_bad,
     job_trow, job_req, job_rho, n_jobs, temperature, seeds, positions, drafts,
@@ -395,32 +432,10 @@ def _pick_kernel(
         below += mass
     frac = tl.minimum(tl.where(chosen < 0, 1.0, frac), 1.0)  # rounding past the total: the end
     lo = (tl.where(chosen < 0, last_split, chosen) * split_len)[:, None]
-    hi = tl.minimum(lo + split_len, V)
-    weigh = resid & use_w[:, None]
-    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float64)
-    for start in range(0, split_len, BLOCK_V):
-        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
-        w, _ = _tile_weights(
-            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
-        )  # fmt: skip
-        acc += w.to(tl.float64)
-    left = (frac * tl.sum(acc, axis=1))[:, None]
-    running = tl.zeros([BLOCK_R, 1], tl.float64)
-    token = tl.full([BLOCK_R], _NO_ID, tl.int32)
-    last = tl.full([BLOCK_R], -1, tl.int32)
-    for start in range(0, split_len, BLOCK_V):
-        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
-        w, _ = _tile_weights(
-            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, True,
-        )  # fmt: skip
-        csum = tl.cumsum(w.to(tl.float64), axis=1) + running
-        passed = (csum > left) & (w > 0)
-        token = tl.minimum(token, tl.min(tl.where(passed, cols, _NO_ID), axis=1))
-        last = tl.maximum(last, tl.max(tl.where(w > 0, cols, -1), axis=1))
-        running = tl.max(csum, axis=1)[:, None]
-    token = tl.where(token == _NO_ID, last, token).to(tl.int64)  # rounding at the split's end
+    token = _draw_in_split(
+        t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
+        resid & use_w[:, None], use_draft, excl, lo, frac, split_len, HAS_DRAFT, FAULT, BLOCK_R, BLOCK_V,
+    )  # fmt: skip
     if FAULT == _OOV_LANE_WINS:
         lane = tl.cdiv(V, BLOCK_V) * BLOCK_V - 1  # the last tile's last lane, padded past V
         empty = (tl.load(job_rho + jobs, mask=act, other=-1.0) >= 0) & ~use_w
