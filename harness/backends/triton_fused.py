@@ -6,19 +6,19 @@ block masses and stop, draw masses and pick) and allocates a dozen tensors. This
 the same work for every method in three launches, three allocations (outputs and one float64
 scratch) and no host synchronization:
 
-1. ``_fused_stats_kernel``, grid ((request, step) blocks, vocabulary splits): target row k
-   and draft row k of request r over one split, by the staged path's own tile loop
+1. ``_fused_stats_kernel``, grid ((request, step) blocks, target and draft splits): target
+   row k or draft row k of request r over one split, by the staged path's own tile loop
    (``_stats_step``, ``_store_final``): final statistics when the vocabulary is one split,
    per-split partials otherwise.
 2. ``_fused_mass_kernel``, grid (request blocks, splits): merges the partials of the rows it
    reads (in split order, as ``_combine_kernel``), decides every step of the acceptance chain
    at once (standard, greedy, synthetic) and block verification's running ratios, then sums
-   over its split the weights of every draw its requests may need: the residual or bonus row
+   over each tile of its split the weights of every draw its requests may need: the residual or bonus row
    of a chain request, every row up to the first placeholder of a strict or block request.
    Every split's program decides the chain (a few gathers per draft); the first split's
    programs write it for step 3.
 3. ``_fused_pick_kernel``, grid (request blocks): strict requests' own target samples (stream
-   TARGET), block verification's stop, the final draw by inverse CDF inside the split holding
+   TARGET), block verification's stop, the final draw by inverse CDF inside the tile holding
    ``u * total`` (``_pick_kernel``'s algorithm), and every output slot (-1 past the emitted
    count, so the outputs need no fill).
 
@@ -50,10 +50,14 @@ from harness.backends.triton_sampler import (
     _SYNTHETIC,
     _TARGET,
     TritonBackend,
-    _draw_in_split,
+    _choose_tile,
+    _draw_in_tile,
     _inv_temperature,
+    _mass_chunk,
     _stats_step,
     _store_final,
+    _store_tile_mass,
+    _tile_total,
     _tile_weights,
     _tiles,
     _uniform,
@@ -257,68 +261,53 @@ def _split_mass(
     t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
     use_draft, excl, act, split, split_len, out_w, out_t, HAS_DRAFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """``_mass_kernel``'s sums over one split: the job's weights into ``out_w``, its target row into ``out_t``."""
+    """``_mass_kernel``'s sums over the tiles of one split: the job's weights into ``out_w``,
+    its target row into ``out_t`` (each lane's first tile), as ``_store_tile_mass``."""
     lo = split * split_len
     hi = tl.minimum(lo + split_len, V)
-    acc_w = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)  # per lane: a few dozen terms at most
-    acc_t = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
     for start in range(lo, hi, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)[None, :]
         w, t = _tile_weights(
             t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
             rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT, 0, False,
         )  # fmt: skip
-        acc_w += w
-        acc_t += t
-    tl.store(out_w, tl.sum(acc_w.to(tl.float64), axis=1), mask=act)
-    tl.store(out_t, tl.sum(acc_t.to(tl.float64), axis=1), mask=act)
+        _store_tile_mass(out_w, out_t, start // BLOCK_V, w, t, act)
 
 
 @triton.jit
 def _pick(
     t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
-    use_draft, excl, act, mass_w, mass_t, u, split_len,
-    HAS_DRAFT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    use_draft, excl, act, mass_w, mass_t, u, n_tiles,
+    HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """``_pick_kernel``'s inverse CDF for one job per lane; ``mass_w`` / ``mass_t`` point at
-    each lane's NSPLIT split masses. Returns the token (int64)."""
-    sp = tl.arange(0, triton.next_power_of_2(NSPLIT))[None, :]
-    parts_w = tl.load(mass_w[:, None] + sp, mask=act[:, None] & (sp < NSPLIT), other=0.0)
-    parts_t = tl.load(mass_t[:, None] + sp, mask=act[:, None] & (sp < NSPLIT), other=0.0)
-    total_w = tl.zeros([BLOCK_R], tl.float64)
-    total_t = tl.zeros([BLOCK_R], tl.float64)
-    for k in range(NSPLIT):
-        total_w += _split(parts_w, k, 1)
-        total_t += _split(parts_t, k, 1)
+    each lane's ``n_tiles`` tile masses. Returns the token (int64)."""
+    total_w = _tile_total(mass_w, n_tiles, act, CHUNK)
     use_w = total_w > 0  # else the residual is empty: fall back to the target row
-    threshold = u * tl.where(use_w, total_w, total_t)
-    below = tl.zeros([BLOCK_R], tl.float64)
-    chosen = tl.full([BLOCK_R], -1, tl.int32)
-    last_split = tl.zeros([BLOCK_R], tl.int32)
-    frac = tl.zeros([BLOCK_R], tl.float64)
-    for k in range(NSPLIT):
-        mass = tl.where(use_w, _split(parts_w, k, 1), _split(parts_t, k, 1))
-        take = (chosen < 0) & (mass > 0) & (below + mass > threshold)
-        frac = tl.where(take, (threshold - below) / tl.where(mass > 0, mass, 1.0), frac)
-        chosen = tl.where(take, k, chosen)
-        last_split = tl.where(mass > 0, k, last_split)
-        below += mass
-    frac = tl.minimum(tl.where(chosen < 0, 1.0, frac), 1.0)  # rounding past the total: the end
-    lo = (tl.where(chosen < 0, last_split, chosen) * split_len)[:, None]
-    return _draw_in_split(
+    threshold = u * tl.where(use_w, total_w, _tile_total(mass_t, n_tiles, act & ~use_w, CHUNK))
+    tile, frac = _choose_tile(mass_w, mass_t, n_tiles, use_w, threshold, act, CHUNK)
+    return _draw_in_tile(
         t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
-        resid & use_w[:, None], use_draft, excl, lo, frac, split_len, HAS_DRAFT, 0, BLOCK_R, BLOCK_V,
+        resid & use_w[:, None], use_draft, excl, (tile * BLOCK_V)[:, None], frac, HAS_DRAFT, 0, BLOCK_V,
     )  # fmt: skip
 
 
 # --- kernels --------------------------------------------------------------------------------------
-@triton.jit
+# Batch sizes and scratch offsets are not specialized on (== 1, divisible by 16): every new batch
+# shape would compile the kernels again (the GPU suite's fuzzing spent minutes compiling).
+_STATS_COUNTS = ["K", "B", "t_size", "d_off", "d_size"]
+_COUNTS = _STATS_COUNTS + ["m_off", "m_size", "c_off", "n_tiles"]
+
+
+@triton.jit(do_not_specialize=_STATS_COUNTS)
 def _fused_stats_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, K, B, scratch, t_size, d_off, d_size,
     t_split_len, d_split_len, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """Target row k and draft row k of request r over one vocabulary split, one (r, k) per lane."""
+    """Target row k (programs ``split < T_NSPLIT``) or draft row k (the next ``D_NSPLIT``) of
+    request r over one vocabulary split, one (r, k) per lane: at small batches the programs
+    run side by side instead of reading a target and a draft split one after the other."""
     lane = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     split = tl.program_id(1)
     r = lane // (K + 1)
@@ -328,28 +317,30 @@ def _fused_stats_kernel(
     cnt = tl.load(cu + r + 1, mask=valid, other=0) - start
     scale = _inv_temperature(tl.load(temperature + r, mask=valid, other=1.0)) * _LOG2E
     t_valid = valid & (k <= cnt)
-    if (split < T_NSPLIT) & (tl.max(t_valid.to(tl.int32), axis=0) > 0):
-        t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
-        _split_stats(
-            t_logits, t_stride, V, start + r + k, t_valid, scale, split, t_split_len, t_m, t_s, t_arg, t_nan,
-            T_NSPLIT, BLOCK_R, T_BLOCK_V,
-        )  # fmt: skip
-    if HAS_DRAFT:
+    if split < T_NSPLIT:
+        if tl.max(t_valid.to(tl.int32), axis=0) > 0:
+            t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
+            _split_stats(
+                t_logits, t_stride, V, start + r + k, t_valid, scale, split, t_split_len, t_m, t_s, t_arg, t_nan,
+                T_NSPLIT, BLOCK_R, T_BLOCK_V,
+            )  # fmt: skip
+    elif HAS_DRAFT:
         d_valid = valid & (k < cnt)
-        if (split < D_NSPLIT) & (tl.max(d_valid.to(tl.int32), axis=0) > 0):
+        if tl.max(d_valid.to(tl.int32), axis=0) > 0:
             d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
             _split_stats(
-                d_logits, d_stride, Vd, start + k, d_valid, scale, split, d_split_len, d_m, d_s, d_arg, d_nan,
+                d_logits, d_stride, Vd, start + k, d_valid, scale, split - T_NSPLIT, d_split_len, d_m, d_s, d_arg, d_nan,
                 D_NSPLIT, BLOCK_R, D_BLOCK_V,
             )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_COUNTS)
 def _fused_mass_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
-    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
-    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """The chain (written for ``_fused_pick_kernel`` by the first split's programs), then
     every draw's weight sums over this program's split: the final row of chain requests (if
@@ -395,7 +386,7 @@ def _fused_mass_kernel(
         j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
             d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
         )
-        at = (r * (K + 1) + slot) * T_NSPLIT + split
+        at = (r * (K + 1) + slot) * n_tiles
         _split_mass(
             t_logits, t_stride, V, d_logits, d_stride, Vd, j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho,
             j_active, j_resid, j_use_draft, j_excl, act, split, split_len, mass_w + at, mass_w + m_size + at,
@@ -406,9 +397,8 @@ def _fused_mass_kernel(
 @triton.jit
 def _draw(
     t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts, positions,
-    mass_w, m_size, r, start, trow, slot, m, logs, rho, act, scale, seed, K, split_len,
-    STREAM: tl.constexpr, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    mass_w, m_size, r, start, trow, slot, m, logs, rho, act, scale, seed, K, n_tiles,
+    STREAM: tl.constexpr, HAS_DRAFT: tl.constexpr, D_NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """One draw per active lane from target row ``trow`` (or its residual, rho >= 0) with the
     masses ``_fused_mass_kernel`` summed for ``slot``, by the uniform of (seed, position, STREAM)."""
@@ -416,20 +406,21 @@ def _draw(
         d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
     )
     u = _uniform(seed, tl.load(positions + trow, mask=act, other=0), STREAM)
-    at = (r * (K + 1) + slot) * T_NSPLIT
+    at = (r * (K + 1) + slot) * n_tiles
     return _pick(
         t_logits, t_stride, V, d_logits, d_stride, Vd, j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho,
-        j_active, j_resid, j_use_draft, j_excl, act, mass_w + at, mass_w + m_size + at, u, split_len,
-        HAS_DRAFT, T_NSPLIT, BLOCK_R, BLOCK_V,
+        j_active, j_resid, j_use_draft, j_excl, act, mass_w + at, mass_w + m_size + at, u, n_tiles,
+        HAS_DRAFT, CHUNK, BLOCK_V,
     )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_COUNTS)
 def _fused_pick_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
-    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, tokens, emitted,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, tokens, emitted,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
-    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """Strict requests' target samples, block verification's stop, the final draw and every
     output slot, from the chain ``_fused_mass_kernel`` wrote."""
@@ -467,7 +458,7 @@ def _fused_pick_kernel(
                 drawn = _draw(
                     t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
                     positions, mass_w, m_size, r, start, row0 + k, tl.zeros_like(n) + k, m, logs, tl.full(temp.shape, -1.0, tl.float32),
-                    need, scale, seed, K, split_len, _TARGET, HAS_DRAFT, T_NSPLIT, D_NSPLIT, BLOCK_R, BLOCK_V,
+                    need, scale, seed, K, n_tiles, _TARGET, HAS_DRAFT, D_NSPLIT, CHUNK, BLOCK_V,
                 )  # fmt: skip
                 y = tl.where(point, arg, drawn)
             ok = y == xk
@@ -495,11 +486,7 @@ def _fused_pick_kernel(
             else:
                 q_pt = (tl.load(drafts + start + i, mask=inner & point, other=-1) == pt).to(tl.float32)
             mass = tl.where(point, tl.maximum(rho - q_pt, 0.0), 0.0).to(tl.float64)
-            sp = tl.arange(0, triton.next_power_of_2(T_NSPLIT))[None, :]
-            at = ((r * (K + 1) + i) * T_NSPLIT)[:, None] + sp
-            parts = tl.load(mass_w + at, mask=(inner & ~point)[:, None] & (sp < T_NSPLIT), other=0.0)
-            for k in range(T_NSPLIT):
-                mass += _split(parts, k, 1)
+            mass += _tile_total(mass_w + (r * (K + 1) + i) * n_tiles, n_tiles, inner & ~point, CHUNK)
             denom = mass + 1.0 - rho
             h = tl.where(inner, tl.where(denom > 0, mass / tl.where(denom > 0, denom, 1.0), 1.0), rho)
             eta = _uniform(seed, tl.load(positions + row - 1, mask=live, other=0), _BLOCK_STREAM)
@@ -513,8 +500,8 @@ def _fused_pick_kernel(
     if tl.max(draw.to(tl.int32), axis=0) > 0:
         drawn = _draw(
             t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
-            positions, mass_w, m_size, r, start, row0 + fin, fin, m, logs, rho_fin, draw, scale, seed, K, split_len,
-            _RESIDUAL, HAS_DRAFT, T_NSPLIT, D_NSPLIT, BLOCK_R, BLOCK_V,
+            positions, mass_w, m_size, r, start, row0 + fin, fin, m, logs, rho_fin, draw, scale, seed, K, n_tiles,
+            _RESIDUAL, HAS_DRAFT, D_NSPLIT, CHUNK, BLOCK_V,
         )  # fmt: skip
         token = tl.where(draw, drawn, token)
     out = tl.where(ks < fin[:, None], x, tl.where(ks == fin[:, None], token[:, None], -1))
@@ -553,14 +540,15 @@ def verify_fused(
     d_off = 4 * t_size
     d_size = n_d * d_nsplit if has_draft else 0
     m_off = d_off + 4 * d_size
-    m_size = b * (k + 1) * t_nsplit
+    n_tiles = triton.cdiv(vocab, t_block_v)
+    m_size = b * (k + 1) * n_tiles
     c_off = m_off + 2 * m_size
     scratch = torch.empty(c_off + b * (k + 4), dtype=torch.float64, device=dev)
     temperature = temperature.to(torch.float64)
     # CUDA: the staged path's tiles (one (request, step) per program for V >= 2048). The
     # interpreter pays per element of a tile, valid or not: no more lanes than needed.
     lanes = block_r if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b * (k + 1)))
-    _fused_stats_kernel[(triton.cdiv(b * (k + 1), lanes), max(t_nsplit, d_nsplit))](
+    _fused_stats_kernel[(triton.cdiv(b * (k + 1), lanes), t_nsplit + (d_nsplit if has_draft else 0))](
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, k, b,
         scratch, t_size, d_off, d_size, t_split_len, d_split_len, has_draft, t_nsplit, d_nsplit, lanes, t_block_v, d_block_v,
         num_warps=4,
@@ -569,7 +557,7 @@ def verify_fused(
     args = (
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature,
         seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
-        scratch, t_size, d_off, d_size, m_off, m_size, c_off, t_split_len,
+        scratch, t_size, d_off, d_size, m_off, m_size, c_off, t_split_len, n_tiles,
     )  # fmt: skip
     # CUDA: one request per program for V >= 2048; at tiny vocabularies at most as many as the
     # staged chain kernel holds (Triton 3.6 took 6 min to compile [1024 lanes, 16 steps] tiles).
@@ -577,7 +565,8 @@ def verify_fused(
     # Steps padded to a power of two, at least 2 (a masked step costs nothing): Triton 3.6
     # failed on a [lanes, 1] step tile before the step indices were int64.
     kp = max(2, triton.next_power_of_2(k + 1))
-    flags = (has_draft, has_strict, has_synthetic, has_block, t_nsplit, d_nsplit, kp, lanes, t_block_v)
+    chunk = _mass_chunk(lanes, n_tiles, cuda)
+    flags = (has_draft, has_strict, has_synthetic, has_block, t_nsplit, d_nsplit, kp, chunk, lanes, t_block_v)
     _fused_mass_kernel[(triton.cdiv(b, lanes), t_nsplit)](*args, *flags, num_warps=4)
     _fused_pick_kernel[(triton.cdiv(b, lanes),)](*args, tokens, emitted, *flags, num_warps=4)
     return tokens, emitted

@@ -16,8 +16,8 @@ launches a fixed pipeline with no host synchronization:
 4. Block requests only: ``_mass_kernel`` (residual masses of the inner rows) and
    ``_block_kernel`` (the stop position, Sun et al. 2024).
 5. ``_mass_kernel`` + ``_pick_kernel``: each job's token by inverse CDF. The first pass
-   sums the weights per vocabulary split; the second picks the split holding
-   ``u * total`` and scans only that split with fp64 running sums. ``u`` has 52 random
+   sums the weights per vocabulary tile (programs per split); the second picks the tile
+   holding ``u * total`` from those sums and scans only that tile with fp64 running sums. ``u`` has 52 random
    bits, so a token 1e-12 below the total is drawn at its rate (vLLM #43150 starved tokens
    below fp32's 2**-24). An empty residual falls back to the target row.
 
@@ -31,7 +31,10 @@ The fused path (``harness.backends.triton_fused``) gives the same outputs in thr
 ``path`` chooses, and the default takes it for small batches (``takes_fused_path``).
 """
 
+import functools
+import inspect
 import os
+import re
 
 import torch
 import triton
@@ -93,6 +96,27 @@ _RESIDUAL_WRONG_POSITION = _fault("residual-wrong-position")
 _SHIFT_MARK = tl.constexpr(2.0)  # residual-wrong-position: a chain rejection's job rho (a real rho is <= 1)
 
 
+def _faults_compiled_by(fn, seen: set | None = None) -> set[int]:
+    """Codes of the faults with a ``FAULT == _NAME`` branch in jit function ``fn`` or in a
+    module jit helper it calls (read from the source)."""
+    seen = set() if seen is None else seen
+    seen.add(fn)
+    source = inspect.getsource(fn.fn)
+    codes = {globals()[name].value for name in re.findall(r"FAULT == (_[A-Z0-9_]+)", source)}
+    for name in set(re.findall(r"\b(_[a-z0-9_]+)\(", source)):
+        helper = globals().get(name)
+        if hasattr(helper, "fn") and helper not in seen:
+            codes |= _faults_compiled_by(helper, seen)
+    return codes
+
+
+@functools.cache
+def _planted(kernel, fault: int) -> int:
+    """The FAULT constexpr for ``kernel``: ``fault`` where the kernel has a branch for it,
+    else 0, so that a planted fault compiles again only the kernels it lives in."""
+    return fault if fault in _faults_compiled_by(kernel) else 0
+
+
 # --- noise ------------------------------------------------------------------------------------
 @triton.jit
 def _uniform(seed, position, stream: tl.constexpr):
@@ -127,7 +151,7 @@ def _stats_step(a, m, s, best, start, scale, FAULT: tl.constexpr):
     return new_m, s, best
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _stats_kernel(
     logits, stride, width, n_rows, row_req, temperature,
     out_m, out_s, out_arg, out_nan,
@@ -190,7 +214,7 @@ def _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad,
     tl.store(out_bad + rows, bad.to(tl.int8), mask=valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _combine_kernel(
     n_rows, row_req, temperature, part_m, part_s, part_arg, part_nan,
     out_m, out_logs, out_arg, out_bad, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, FAULT: tl.constexpr,
@@ -314,93 +338,119 @@ def _job_rows(
     )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_jobs"])
 def _mass_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_logs, d_m, d_logs, d_bad,
-    job_trow, job_req, job_rho, n_jobs, temperature, drafts, out_w, out_t, split_len,
-    HAS_DRAFT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
+    job_trow, job_req, job_rho, n_jobs, temperature, drafts, out_w, out_t, split_len, n_tiles,
+    HAS_DRAFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
-    """Sums of each job's weights and of its target row over one vocabulary split: the block
-    residual masses, and the split masses that a draw picks its split from."""
+    """Sums of each job's weights and of its target row over every vocabulary tile of one
+    split: the block residual masses, and the tile masses that a draw picks its tile from."""
     jobs, req, act, trow1, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid, use_draft, excl = _job_rows(
         job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R, FAULT
     )
-    split = tl.program_id(1)
-    lo = split * split_len
+    lo = tl.program_id(1) * split_len
     hi = tl.minimum(lo + split_len, V)
-    acc_w = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)  # per lane: a few dozen terms at most
-    acc_t = tl.zeros([BLOCK_R, BLOCK_V], tl.float32)
     for start in range(lo, hi, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)[None, :]
         w, t = _tile_weights(
             t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
             rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
         )  # fmt: skip
-        acc_w += w
-        acc_t += t
-    part = jobs * NSPLIT + split
-    tl.store(out_w + part, tl.sum(acc_w.to(tl.float64), axis=1), mask=jobs < n_jobs)
-    tl.store(out_t + part, tl.sum(acc_t.to(tl.float64), axis=1), mask=jobs < n_jobs)
+        _store_tile_mass(out_w, out_t, jobs * n_tiles + start // BLOCK_V, w, t, jobs < n_jobs)
 
 
 @triton.jit
-def _draw_in_split(
+def _store_tile_mass(out_w, out_t, at, w, t, mask):
+    """A tile's masses, summed in fp64: a token 1e-12 below its tile mates keeps its exact slice of
+    the CDF (in fp32 its weight would vanish from the tile's mass and shift the slices after it)."""
+    tl.store(out_w + at, tl.sum(w.to(tl.float64), axis=1), mask=mask)
+    tl.store(out_t + at, tl.sum(t.to(tl.float64), axis=1), mask=mask)
+
+
+@triton.jit
+def _tile_total(mass, n_tiles, mask, CHUNK: tl.constexpr):
+    """fp64 sum of each lane's ``n_tiles`` tile masses (``mass``: each lane's first)."""
+    total = tl.zeros(mask.shape, tl.float64)
+    for c in range(0, n_tiles, CHUNK):
+        idx = c + tl.arange(0, CHUNK)[None, :]
+        total += tl.sum(tl.load(mass[:, None] + idx, mask=mask[:, None] & (idx < n_tiles), other=0.0), axis=1)
+    return total
+
+
+@triton.jit
+def _choose_tile(mass_w, mass_t, n_tiles, use_w, threshold, act, CHUNK: tl.constexpr):
+    """The first tile whose running mass (of ``mass_w`` where ``use_w``, else ``mass_t``)
+    passes ``threshold``, and the fraction of that tile's mass still below it. Rounding past
+    the total: the last tile of positive mass, fraction 1."""
+    below = tl.zeros(act.shape, tl.float64)
+    chosen = tl.full(act.shape, -1, tl.int32)
+    last = tl.full(act.shape, -1, tl.int32)
+    frac = tl.zeros(act.shape, tl.float64)
+    for c in range(0, n_tiles, CHUNK):
+        idx = c + tl.arange(0, CHUNK)[None, :]
+        inside = act[:, None] & (idx < n_tiles)
+        mass = tl.where(
+            use_w[:, None],
+            tl.load(mass_w[:, None] + idx, mask=inside, other=0.0),
+            tl.load(mass_t[:, None] + idx, mask=inside, other=0.0),
+        )
+        running = tl.cumsum(mass, axis=1) + below[:, None]
+        first = tl.min(tl.where((mass > 0) & (running > threshold[:, None]), idx, _NO_ID), axis=1)
+        here = (chosen < 0) & (first != _NO_ID)
+        at = idx == first[:, None]
+        mass_at = tl.sum(tl.where(at, mass, 0.0), axis=1)
+        below_at = tl.sum(tl.where(at, running, 0.0), axis=1) - mass_at
+        frac = tl.where(here, (threshold - below_at) / tl.where(mass_at > 0, mass_at, 1.0), frac)
+        chosen = tl.where(here, first, chosen)
+        last = tl.maximum(last, tl.max(tl.where(mass > 0, idx, -1), axis=1))
+        below = tl.max(running, axis=1)
+    return tl.where(chosen < 0, last, chosen), tl.minimum(tl.where(chosen < 0, 1.0, frac), 1.0)
+
+
+@triton.jit
+def _draw_in_tile(
     t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, weigh,
-    use_draft, excl, lo, frac, split_len, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    use_draft, excl, lo, frac, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """The inverse-CDF draw inside the split starting at ``lo`` (one per lane): the first
-    token whose running weight passes ``frac`` of the split's weight (summed here in tile
-    order). Returns the token (int64); the split's last positive token when rounding runs
-    past its end."""
-    hi = tl.minimum(lo + split_len, V)
-    acc = tl.zeros([BLOCK_R, BLOCK_V], tl.float64)
-    for start in range(0, split_len, BLOCK_V):
-        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
-        w, _ = _tile_weights(
+    """The inverse-CDF draw inside the tile starting at ``lo`` (one per lane): the first
+    token whose fp64 running weight passes ``frac`` of the tile's own fp64 weight. Returns
+    the token (int64); the tile's last positive token when rounding runs past its end."""
+    cols = lo + tl.arange(0, BLOCK_V)[None, :]
+    w, _ = _tile_weights(
+        t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
+        rho, active, weigh, use_draft, excl, cols, cols < V, HAS_DRAFT, FAULT, False,
+    )  # fmt: skip
+    scan = w
+    if FAULT == _UNCLAMPED_RESIDUAL:
+        scan, _ = _tile_weights(
             t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
+            rho, active, weigh, use_draft, excl, cols, cols < V, HAS_DRAFT, FAULT, True,
         )  # fmt: skip
-        acc += w.to(tl.float64)
-    left = (frac * tl.sum(acc, axis=1))[:, None]
-    running = tl.zeros([BLOCK_R, 1], tl.float64)
-    token = tl.full([BLOCK_R], _NO_ID, tl.int32)
-    last = tl.full([BLOCK_R], -1, tl.int32)
-    for start in range(0, split_len, BLOCK_V):
-        cols = lo + start + tl.arange(0, BLOCK_V)[None, :]
-        w, _ = _tile_weights(
-            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, weigh, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, True,
-        )  # fmt: skip
-        csum = tl.cumsum(w.to(tl.float64), axis=1) + running
-        passed = (csum > left) & (w > 0)
-        token = tl.minimum(token, tl.min(tl.where(passed, cols, _NO_ID), axis=1))
-        last = tl.maximum(last, tl.max(tl.where(w > 0, cols, -1), axis=1))
-        running = tl.max(csum, axis=1)[:, None]
-    return tl.where(token == _NO_ID, last, token).to(tl.int64)  # rounding at the split's end
+    left = (frac * tl.sum(w.to(tl.float64), axis=1))[:, None]
+    passed = (tl.cumsum(scan.to(tl.float64), axis=1) > left) & (scan > 0)
+    token = tl.min(tl.where(passed, cols, _NO_ID), axis=1)
+    last = tl.max(tl.where(scan > 0, cols, -1), axis=1)
+    return tl.where(token == _NO_ID, last, token).to(tl.int64)  # rounding at the tile's end
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_jobs", "K"])
 def _pick_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_logs, d_m, d_logs, d_bad,
     job_trow, job_req, job_rho, n_jobs, temperature, seeds, positions, drafts,
-    mass_w, mass_t, u_given, out, emitted, K, split_len,
+    mass_w, mass_t, u_given, out, emitted, K, n_tiles,
     STREAM: tl.constexpr, FINAL: tl.constexpr, GIVEN_U: tl.constexpr, HAS_DRAFT: tl.constexpr,
-    NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
-    """Inverse CDF in two steps: the split whose running mass passes ``u * total``, then,
-    inside it, the first id whose fp64 running sum passes the same fraction of the split's
-    own fp64 sum (so the split masses need no more than fp32 accuracy: an error there moves
-    mass between whole splits, never off a far-tail token). An empty residual draws from
-    the target row. ``FINAL``: write in the request's last slot, else ``out[job]``."""
+    """Inverse CDF in two steps: the tile whose running mass passes ``u * total``, then,
+    inside it, the first id whose fp64 running sum passes the same fraction of the tile's
+    own fp64 sum. An empty residual draws from the target row. ``FINAL``: write in the request's last slot, else ``out[job]``."""
     jobs, req, act, trow1, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid, use_draft, excl = _job_rows(
         job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R, FAULT
     )
-    total_w = tl.zeros([BLOCK_R], tl.float64)
-    total_t = tl.zeros([BLOCK_R], tl.float64)
-    for k in tl.static_range(NSPLIT):
-        total_w += tl.load(mass_w + jobs * NSPLIT + k, mask=act, other=0.0)
-        total_t += tl.load(mass_t + jobs * NSPLIT + k, mask=act, other=0.0)
+    lane_w = mass_w + jobs * n_tiles
+    lane_t = mass_t + jobs * n_tiles
+    total_w = _tile_total(lane_w, n_tiles, act, CHUNK)
     use_w = total_w > 0  # else the residual is empty: fall back to the target row
     if GIVEN_U:
         u = tl.load(u_given + jobs, mask=act, other=0.5)
@@ -415,26 +465,13 @@ def _pick_kernel(
             u = _uniform(seed, pos, STREAM)
         if FAULT == _NOISE_FLOOR:
             u = ((u * 64.0).to(tl.int32).to(tl.float64) + 0.5) / 64.0
-    threshold = u * tl.where(use_w, total_w, total_t)
+    threshold = u * tl.where(use_w, total_w, _tile_total(lane_t, n_tiles, act & ~use_w, CHUNK))
     if FAULT == _RESIDUAL_NOT_NORMALIZED:
         threshold = u
-    below = tl.zeros([BLOCK_R], tl.float64)
-    chosen = tl.full([BLOCK_R], -1, tl.int32)
-    last_split = tl.zeros([BLOCK_R], tl.int32)
-    frac = tl.zeros([BLOCK_R], tl.float64)
-    for k in tl.static_range(NSPLIT):
-        mass_k = tl.load(mass_w + jobs * NSPLIT + k, mask=act, other=0.0)
-        mass = tl.where(use_w, mass_k, tl.load(mass_t + jobs * NSPLIT + k, mask=act, other=0.0))
-        take = (chosen < 0) & (mass > 0) & (below + mass > threshold)
-        frac = tl.where(take, (threshold - below) / tl.where(mass > 0, mass, 1.0), frac)
-        chosen = tl.where(take, k, chosen)
-        last_split = tl.where(mass > 0, k, last_split)
-        below += mass
-    frac = tl.minimum(tl.where(chosen < 0, 1.0, frac), 1.0)  # rounding past the total: the end
-    lo = (tl.where(chosen < 0, last_split, chosen) * split_len)[:, None]
-    token = _draw_in_split(
+    tile, frac = _choose_tile(lane_w, lane_t, n_tiles, use_w, threshold, act, CHUNK)
+    token = _draw_in_tile(
         t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
-        resid & use_w[:, None], use_draft, excl, lo, frac, split_len, HAS_DRAFT, FAULT, BLOCK_R, BLOCK_V,
+        resid & use_w[:, None], use_draft, excl, (tile * BLOCK_V)[:, None], frac, HAS_DRAFT, FAULT, BLOCK_V,
     )  # fmt: skip
     if FAULT == _OOV_LANE_WINS:
         lane = tl.cdiv(V, BLOCK_V) * BLOCK_V - 1  # the last tile's last lane, padded past V
@@ -450,7 +487,7 @@ def _pick_kernel(
 
 
 # --- verification -----------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["K", "B"])
 def _chain_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd,
     t_m, t_logs, t_arg, t_bad, d_m, d_logs, d_arg, d_bad,
@@ -585,12 +622,12 @@ def _chain_kernel(
     tl.store(fin_rho + r, tl.where(rejected, resid_rho, -1.0), mask=chain)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["K", "B"])
 def _block_kernel(
     d_logits, d_stride, Vd, t_arg, t_bad, d_m, d_logs, d_arg, d_bad,
     cu, temperature, seeds, positions, methods, drafts, K, B,
-    mass_part, rho_buf, tokens, emitted, fin_trow, fin_rho,
-    HAS_DRAFT: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, FAULT: tl.constexpr,
+    mass_part, n_tiles, rho_buf, tokens, emitted, fin_trow, fin_rho,
+    HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     """Block verification's stop: the last i with eta_i <= h_i, where
     h_i = R_i / (R_i + 1 - rho_i) (0/0 = 1) for inner i and h_d = rho_d (Sun et al. 2024)."""
@@ -628,8 +665,7 @@ def _block_kernel(
         else:
             q_pt = (tl.load(drafts + start + i, mask=inner & point, other=-1) == pt).to(tl.float32)
         mass = tl.where(point, tl.maximum(rho - q_pt, 0.0), 0.0).to(tl.float64)
-        for sp in tl.static_range(NSPLIT):
-            mass += tl.load(mass_part + row * NSPLIT + sp, mask=inner & ~point, other=0.0)
+        mass += _tile_total(mass_part + row * n_tiles, n_tiles, inner & ~point, CHUNK)
         denom = mass + 1.0 - rho
         h = tl.where(inner, tl.where(denom > 0, mass / tl.where(denom > 0, denom, 1.0), 1.0), rho)
         eta = _uniform(seed, tl.load(positions + row - 1, mask=live, other=0), _BLOCK_STREAM)
@@ -651,7 +687,7 @@ def _block_kernel(
     tl.store(fin_rho + r, tl.where(stop == n_eff, -1.0, rho_stop), mask=blk)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["K", "B"])
 def _owners_kernel(cu, t_req, d_req, K, B, BLOCK_R: tl.constexpr):
     """The request of every target row (``cu[r] + r + k``, k <= d_r) and draft row (``cu[r] + k``)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -667,7 +703,7 @@ def _owners_kernel(cu, t_req, d_req, K, B, BLOCK_R: tl.constexpr):
 def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_V, BLOCK_R, NSPLIT, split_len) from the vocabulary alone, so that a request's
     reductions (hence its output) never depend on its batch mates. GPU: 2048-wide tiles, one
-    split per 8192 ids up to 16 (H200, V = 131072: the draw scans one split). The interpreter pays per
+    split (a program's run of tiles in the row statistics and the draw masses) per 8192 ids up to 16. The interpreter pays per
     operation, so CPU tiles are large and unsplit. ``block_v`` / ``splits`` override (tests)."""
     budget = 2048 if cuda else 1 << 18  # elements per tile
     block_v = block_v or min(triton.next_power_of_2(vocab), 2048 if cuda else 1 << 16)
@@ -675,6 +711,15 @@ def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | Non
     nsplit = splits or (max(1, min(16, vocab // 8192)) if cuda else 1)
     split_len = triton.cdiv(triton.cdiv(vocab, nsplit), block_v) * block_v
     return block_v, block_r, triton.cdiv(vocab, split_len), split_len
+
+
+def _mass_chunk(lanes: int, n_tiles: int, cuda: bool) -> int:
+    """Tile masses a draw's search reads per step: on CUDA a function of the lanes per program
+    alone (no compile per vocabulary; at most 1024 fp64 per program, all 128 tiles of
+    V = 262,144 at one lane), in the interpreter just the tiles there are."""
+    if cuda:
+        return min(128, max(1, 1024 // lanes))
+    return min(triton.next_power_of_2(n_tiles), max(1, (1 << 16) // lanes))
 
 
 class _Stats:
@@ -697,13 +742,14 @@ class _Stats:
         else:
             outs = tuple(torch.empty(rows * nsplit, dtype=d, device=dev) for d in (torch.float32, torch.float32, torch.int32, torch.int32))
         _stats_kernel[grid](
-            logits, logits.stride(0), width, rows, row_req, temperature, *outs, split_len, nsplit, block_r, block_v, fault,
+            logits, logits.stride(0), width, rows, row_req, temperature, *outs, split_len, nsplit, block_r, block_v,
+            _planted(_stats_kernel, fault),
             num_warps=warps,
         )  # fmt: skip
         if nsplit > 1:
             rb = 32 if cuda else 4096
             _combine_kernel[(triton.cdiv(rows, rb),)](
-                rows, row_req, temperature, *outs, self.m, self.logs, self.arg, self.bad, nsplit, rb, fault
+                rows, row_req, temperature, *outs, self.m, self.logs, self.arg, self.bad, nsplit, rb, _planted(_combine_kernel, fault)
             )
 
 
@@ -720,18 +766,20 @@ class _Context:
         )  # fmt: skip
         self.temperature, self.seeds, self.positions, self.drafts = temperature, seeds, positions, drafts
         self.block_v, self.block_r, self.nsplit, self.split_len = _tiles(self.vocab, cuda, *tiles)
+        self.n_tiles = triton.cdiv(self.vocab, self.block_v)
+        self.chunk = _mass_chunk(self.block_r, self.n_tiles, cuda)
         self.warps = 4
         self.dev = target_logits.device
         self.fault = fault
 
     def masses(self, job_trow, job_req, job_rho):
-        """fp64 [jobs * NSPLIT] sums of the jobs' weights and of their target rows."""
+        """fp64 [jobs * n_tiles] sums of the jobs' weights and of their target rows per vocabulary tile."""
         n = job_trow.numel()
-        mass_w = torch.empty(n * self.nsplit, dtype=torch.float64, device=self.dev)
+        mass_w = torch.empty(n * self.n_tiles, dtype=torch.float64, device=self.dev)
         mass_t = torch.empty_like(mass_w)
         _mass_kernel[(triton.cdiv(n, self.block_r), self.nsplit)](
             *self.common, job_trow, job_req, job_rho, n, self.temperature, self.drafts, mass_w, mass_t, self.split_len,
-            self.has_draft, self.nsplit, self.block_r, self.block_v, self.fault, num_warps=self.warps,
+            self.n_tiles, self.has_draft, self.block_r, self.block_v, _planted(_mass_kernel, self.fault), num_warps=self.warps,
         )  # fmt: skip
         return mass_w, mass_t
 
@@ -742,8 +790,9 @@ class _Context:
         n = job_trow.numel()
         _pick_kernel[(triton.cdiv(n, self.block_r),)](
             *self.common, job_trow, job_req, job_rho, n, self.temperature, self.seeds, self.positions, self.drafts,
-            mass_w, mass_t, mass_w if u is None else u, out, out if emitted is None else emitted, k, self.split_len,
-            stream, emitted is not None, u is not None, self.has_draft, self.nsplit, self.block_r, self.block_v, self.fault,
+            mass_w, mass_t, mass_w if u is None else u, out, out if emitted is None else emitted, k, self.n_tiles,
+            stream, emitted is not None, u is not None, self.has_draft, self.chunk, self.block_r, self.block_v,
+            _planted(_pick_kernel, self.fault),
             num_warps=self.warps,
         )  # fmt: skip
 
@@ -845,14 +894,15 @@ def verify(
         t_stats.m, t_stats.logs, t_stats.arg, t_stats.bad, d_stats.m, d_stats.logs, d_stats.arg, d_stats.bad,
         cu_num_drafts, temperature, seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
         strict_y, tokens, emitted, fin_trow, fin_rho, rho_buf, mass_trow, mass_rho,
-        has_draft, has_strict, has_synthetic, has_block, req_block, fault,
+        has_draft, has_strict, has_synthetic, has_block, req_block, _planted(_chain_kernel, fault),
     )  # fmt: skip
     if has_block:
         mass, _ = ctx.masses(mass_trow, t_req, mass_rho)
         _block_kernel[grid_req](
             d_logits, d_logits.stride(0), d_logits.shape[1], t_stats.arg, t_stats.bad, d_stats.m, d_stats.logs, d_stats.arg, d_stats.bad,
             cu_num_drafts, temperature, seeds, positions, methods, draft_tokens, k, b,
-            mass, rho_buf, tokens, emitted, fin_trow, fin_rho, has_draft, ctx.nsplit, req_block, fault,
+            mass, ctx.n_tiles, rho_buf, tokens, emitted, fin_trow, fin_rho, has_draft, _mass_chunk(req_block, ctx.n_tiles, cuda),
+            req_block, _planted(_block_kernel, fault),
         )  # fmt: skip
     ctx.draw(fin_trow, torch.arange(b, device=dev), fin_rho, int(Stream.RESIDUAL), tokens, emitted, k)
     return tokens, emitted
