@@ -1,7 +1,10 @@
 """One runner for the CLI and pytest: scenarios -> backend -> tally -> checks -> records.
 
 Trial counts are fixed before sampling (the largest any planned check needs); the
-backend sees chunks of trials sized to a memory budget; only counts are kept. Checks are
+backend sees chunks of trials sized to a memory budget; only counts are kept. The stages
+overlap: a background thread plans the scenarios in order (``Plans``), each backend's
+worker starts at once and takes each scenario as it is planned (``Sampling``), and the
+checks of a scenario are evaluated as its tallies arrive, in catalog order. Checks are
 never retried. Holm's step-down controls the family-wise false-alarm rate of the run's
 ``m`` statistical checks at ``alpha * m``: it rejects everything Bonferroni at per-check
 ``alpha`` would, and more, so each check's stated power still holds.
@@ -40,6 +43,10 @@ class RunResult:
     trials: dict = field(default_factory=dict)  # (backend, scenario) -> trials per template
     scenarios: dict = field(default_factory=dict)  # name -> scenario as JSON data
     backend_environments: dict = field(default_factory=dict)  # backend -> versions it loaded with (its worker's)
+    plan_seconds: float = 0.0  # spent planning (laws and trial counts), in a background thread when pipelined
+    evaluate_seconds: float = 0.0  # spent evaluating checks
+    load_seconds: dict = field(default_factory=dict)  # backend -> seconds until its worker had loaded it
+    sample_call_seconds: dict = field(default_factory=dict)  # backend -> seconds inside its sample calls (time_backend)
 
     @property
     def failed(self) -> bool:
@@ -149,20 +156,53 @@ def load_for_device(name: str, device: str):
     return backend
 
 
-def sample_one(backend, scenario: Scenario, profile: Profile, count: int) -> tuple:
-    """("tallies", tallies, seconds) | ("unsupported", reason) | ("error", message)."""
+class TimedBackend:
+    """``backend`` with the seconds spent inside its own ``sample`` calls (on CUDA the device
+    is synchronized around each call, so its kernels are counted rather than queued)."""
+
+    def __init__(self, backend):
+        self._backend, self.seconds = backend, 0.0
+        self._sync = _cuda_synchronize if getattr(backend, "device", "cpu") == "cuda" else _no_sync
+
+    def __getattr__(self, name):  # supports, device_batches, shared_rows, ...: the backend's own
+        return getattr(self._backend, name)
+
+    def sample(self, batch):
+        self._sync()
+        t0 = time.perf_counter()
+        out = self._backend.sample(batch)
+        self._sync()
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def _cuda_synchronize():
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def _no_sync():
+    pass
+
+
+def sample_one(backend, scenario: Scenario, profile: Profile, count: int, time_backend: bool = False) -> tuple:
+    """("tallies", tallies, seconds, seconds inside ``backend.sample`` or None) |
+    ("unsupported", reason) | ("error", message). ``time_backend``: measure the last (off
+    by default: on CUDA it synchronizes around every call)."""
     try:
         templates = materialize(scenario)
+        timed = TimedBackend(backend) if time_backend else None
         t0 = time.perf_counter()
-        tallies = sample_scenario(backend, scenario, templates, count, profile)
-        return ("tallies", tallies, time.perf_counter() - t0)
+        tallies = sample_scenario(timed or backend, scenario, templates, count, profile)
+        return ("tallies", tallies, time.perf_counter() - t0, timed.seconds if timed else None)
     except Unsupported as e:
         return ("unsupported", str(e))
     except Exception as e:
         return ("error", "".join(traceback.format_exception_only(type(e), e)).strip())
 
 
-def _in_process(name, work, profile, device, timeout):
+def _in_process(name, work, profile, device, timeout, gpu=None, time_backend=False):
     try:
         backend = load_for_device(name, device)
     except Exception as e:  # a backend that cannot load is that backend's verdict
@@ -172,7 +212,134 @@ def _in_process(name, work, profile, device, timeout):
 
     yield None, ("environment", backend_environment())
     for scenario, count in work:
-        yield scenario, sample_one(backend, scenario, profile, count)
+        yield scenario, sample_one(backend, scenario, profile, count, time_backend)
+
+
+class Plans:
+    """Every scenario's (checks, trials), planned in order by a background thread, once per
+    run for every backend: sampling starts with the first plan, not after the last."""
+
+    def __init__(self, scenarios: list[Scenario], profile: Profile):
+        self.seconds = 0.0  # spent planning (while other threads run, so a little more than alone)
+        self._scenarios = scenarios
+        self._plans: list = [None] * len(scenarios)
+        self._done = [threading.Event() for _ in scenarios]
+        self._error: BaseException | None = None
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._plan_all, args=(scenarios, profile), name="planning", daemon=True)
+        self._thread.start()
+
+    def _plan_all(self, scenarios, profile) -> None:
+        try:
+            for i, scenario in enumerate(scenarios):
+                if self._cancelled.is_set():
+                    break
+                t0 = time.perf_counter()
+                self._plans[i] = planned_trials(scenario, profile)[1:]  # the templates are not kept
+                self.seconds += time.perf_counter() - t0
+                self._done[i].set()
+        except BaseException as e:  # raised to whoever asks for this plan or a later one
+            self._error = e
+        finally:
+            for done in self._done:  # nobody waits forever on a plan that will not come
+                done.set()
+
+    def get(self, i: int) -> tuple[list[checks_mod.Check], int]:
+        self._done[i].wait()
+        if self._plans[i] is None:
+            raise self._error or RuntimeError("planning was cancelled")
+        return self._plans[i]
+
+    def work(self, i: int) -> tuple[Scenario, int] | None:
+        """(scenario, trials) to sample, or None when planning failed or was cancelled."""
+        self._done[i].wait()
+        return None if self._plans[i] is None else (self._scenarios[i], self._plans[i][1])
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+
+class Sampling:
+    """One backend's sampling, started at once and fed work as it is planned: ``outcome(i)``
+    waits for scenario i's. ``work(i)`` gives (scenario, trials), waiting for its plan, or
+    None when there is none (the run stops there). A load failure gives every remaining
+    scenario of the shard ("load-error", why). ``gpus`` > 1: shard i % gpus on GPU i."""
+
+    def __init__(self, name, size, work, profile, device, isolate, timeout, gpus=1, progress=None, time_backend=False):
+        self.outcomes: list = [None] * size
+        self.environments: list = []  # one per worker (the same unless workers differ)
+        self.load_seconds: float | None = None  # until the first worker had loaded the backend
+        self._start = time.perf_counter()
+        self._failure: BaseException | None = None  # a harness error in a sampling thread, raised to the reader
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._name, self._profile, self._device, self._timeout = name, profile, device, timeout
+        self._work, self._isolate, self._progress, self._time_backend = work, isolate, progress, time_backend
+        shards = [list(range(g, size, gpus)) for g in range(gpus)] if gpus > 1 else [list(range(size))]
+        self._threads = [
+            threading.Thread(target=self._serve, args=(shard, g if gpus > 1 else None), name=f"sampling-{name}-{g}", daemon=True)
+            for g, shard in enumerate(shards)
+            if shard
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _items(self, shard: list[int]):
+        for i in shard:
+            item = None if self._stop.is_set() else self._work(i)
+            if item is None:
+                return
+            yield item
+
+    def _serve(self, shard: list[int], gpu: int | None) -> None:
+        from harness.worker import sample_isolated
+
+        sampler = sample_isolated if self._isolate else _in_process
+        try:
+            items = self._items(shard)
+            stream = sampler(self._name, items, self._profile, self._device, self._timeout, gpu, self._time_backend)
+            pending = iter(shard)
+            for scenario, outcome in stream:
+                if outcome[0] == "environment":  # what the backend loaded with, before any scenario
+                    self.environments.append(outcome[1])
+                    self.load_seconds = self.load_seconds or time.perf_counter() - self._start
+                elif scenario is None:  # every remaining item of this shard gets the load error
+                    self._set([j for j in pending], outcome)
+                    return
+                else:
+                    self._set([next(pending)], outcome)
+        except BaseException as e:
+            with self._changed:
+                self._failure = e
+                self._changed.notify_all()
+
+    def _set(self, indices: list[int], outcome) -> None:
+        with self._changed:
+            for j in indices:
+                self.outcomes[j] = outcome
+            self._changed.notify_all()
+        if self._progress and indices:
+            self._progress(len(indices))
+
+    def outcome(self, i: int) -> tuple:
+        with self._changed:
+            self._changed.wait_for(lambda: self.outcomes[i] is not None or self._failure is not None)
+        if self._failure is not None:
+            raise self._failure
+        return self.outcomes[i]
+
+    def stop(self) -> None:
+        """Hand out no more work: each worker finishes what it holds, then exits."""
+        self._stop.set()
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join()
+        if self._failure is not None:
+            raise self._failure
 
 
 def run(
@@ -186,6 +353,8 @@ def run(
     isolate: bool = False,
     timeout: float = 900.0,
     gpus: int = 1,
+    pipelined: bool = True,
+    time_backend: bool = False,
 ) -> RunResult:
     """Verify every backend on every scenario. ``scenario_refs`` maps a scenario name to how
     the reproducer names it (a JSON file path for scenarios that are not in the catalog).
@@ -193,83 +362,77 @@ def run(
     crash, a hang past ``timeout`` seconds per scenario or an import failure becomes that
     backend's verdict and the run goes on. ``gpus`` > 1 (isolated, on CUDA): each backend's
     scenarios are spread over that many workers, one GPU each. Checks are evaluated in
-    catalog order whatever the sharding, so a run's records do not depend on ``gpus``."""
+    catalog order whatever the sharding, so a run's records do not depend on ``gpus``.
+
+    ``pipelined`` (default): planning, the backend's loading and sampling, and evaluation
+    overlap (scenario i is evaluated while i + 1 samples and i + 2 is planned); False plans
+    everything, then samples everything, then evaluates: the same records, more wall time.
+    ``time_backend``: record the seconds inside the backends' ``sample`` calls
+    (``RunResult.sample_call_seconds``; on CUDA it synchronizes around each call)."""
     if gpus > 1 and not (isolate and device != "cpu"):
         raise ValueError("gpus > 1 needs worker isolation on a CUDA device (not --in-process, not --device cpu)")
     start = time.perf_counter()
-    records: list[CheckRecord] = []
-    backend_seconds, trial_counts, backend_environments = {}, {}, {}
-    rng = np.random.default_rng(seed)
-    plans = {id(s): planned_trials(s, profile)[1:] for s in scenarios}  # laws once per run
-    work = [(s, plans[id(s)][1]) for s in scenarios]
-    for name in backend_names:
-        outcomes, backend_environments[name] = _sample_backend(name, work, profile, device, isolate, timeout, gpus, progress)
-        elapsed = 0.0
-        for scenario, outcome in zip(scenarios, outcomes):
-            if outcome[0] == "load-error":  # the backend could not load: one record, the run goes on
-                records.append(_error_record(name, "-", -1, "load", outcome[1], ""))
-                break
-            repro = reproducer(name, profile, seed, (scenario_refs or {}).get(scenario.name, scenario.name), device)
-            planned, count = plans[id(scenario)]
-            if outcome[0] == "tallies":
-                elapsed += outcome[2]
-                trial_counts[(name, scenario.name)] = count
-                for check in planned:
-                    records.append(_record(name, scenario, check, check.evaluate(outcome[1][check.template], rng), repro))
-            elif outcome[0] == "unsupported":
-                for check in planned:
-                    records.append(_skipped_record(name, scenario, check, f"backend does not support this scenario: {outcome[1]}", repro))
-            else:
-                records.append(_error_record(name, scenario.name, -1, "sample", outcome[1], repro))
-        backend_seconds[name] = elapsed
-    family = _apply_holm(records, profile.alpha)
-    described = {s.name: s.to_dict() for s in scenarios}
-    return RunResult(
-        records, profile, seed, family, time.perf_counter() - start, backend_seconds, trial_counts, described, backend_environments
-    )
+    result = RunResult([], profile, seed, 0.0, 0.0, scenarios={s.name: s.to_dict() for s in scenarios})
+    rng = np.random.default_rng(seed)  # consumed by the checks in backend, then catalog order
+    plans = Plans(scenarios, profile)
+    try:
+        if not pipelined:
+            plans.wait()
+        for name in backend_names:
+            sampling = Sampling(name, len(scenarios), plans.work, profile, device, isolate, timeout, gpus, progress, time_backend)
+            try:
+                if not pipelined:
+                    sampling.join()
+                _evaluate_backend(result, name, scenarios, plans, sampling, rng, scenario_refs or {}, device)
+            finally:
+                sampling.stop()  # after a load error (or an exception): no more work for this backend
+            sampling.join()
+            result.backend_environments[name] = sampling.environments[0] if sampling.environments else None
+            result.load_seconds[name] = sampling.load_seconds
+    finally:
+        plans.cancel()
+    result.family_alpha = _apply_holm(result.records, profile.alpha)
+    result.plan_seconds = plans.seconds
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _evaluate_backend(result: RunResult, name, scenarios, plans: Plans, sampling: Sampling, rng, refs, device) -> None:
+    """Add one backend's records, scenario by scenario in catalog order as its outcomes arrive."""
+    profile, seed = result.profile, result.seed
+    elapsed = 0.0
+    for i, scenario in enumerate(scenarios):
+        planned, count = plans.get(i)  # a planning error is raised here, in catalog order
+        outcome = sampling.outcome(i)
+        if outcome[0] == "load-error":  # the backend could not load: one record, the run goes on
+            result.records.append(_error_record(name, "-", -1, "load", outcome[1], ""))
+            break
+        repro = reproducer(name, profile, seed, refs.get(scenario.name, scenario.name), device)
+        if outcome[0] == "tallies":
+            elapsed += outcome[2]
+            if outcome[3] is not None:
+                result.sample_call_seconds[name] = result.sample_call_seconds.get(name, 0.0) + outcome[3]
+            result.trials[(name, scenario.name)] = count
+            t0 = time.perf_counter()
+            for check in planned:
+                result.records.append(_record(name, scenario, check, check.evaluate(outcome[1][check.template], rng), repro))
+            result.evaluate_seconds += time.perf_counter() - t0
+        elif outcome[0] == "unsupported":
+            for check in planned:
+                result.records.append(
+                    _skipped_record(name, scenario, check, f"backend does not support this scenario: {outcome[1]}", repro)
+                )
+        else:
+            result.records.append(_error_record(name, scenario.name, -1, "sample", outcome[1], repro))
+    result.backend_seconds[name] = elapsed
 
 
 def _sample_backend(name, work, profile, device, isolate, timeout, gpus, progress) -> tuple[list, dict | None]:
-    """(one outcome per work item, in order, a load failure giving ("load-error", why);
-    the versions the backend loaded with, or None when it did not load)."""
-    from harness.worker import sample_isolated
-
-    shards = [list(range(g, len(work), gpus)) for g in range(gpus)] if gpus > 1 else [list(range(len(work)))]
-    outcomes: list = [None] * len(work)
-    environments: list = []  # one per worker (the same unless workers differ)
-    lock = threading.Lock()
-
-    def serve(shard: list[int], gpu: int | None) -> None:
-        items = [work[i] for i in shard]
-        if isolate:
-            stream = sample_isolated(name, items, profile, device, timeout, gpu=gpu)
-        else:
-            stream = _in_process(name, items, profile, device, timeout)
-        pending = iter(shard)
-        for scenario, outcome in stream:
-            with lock:
-                if outcome[0] == "environment":  # what the backend loaded with, before any scenario
-                    environments.append(outcome[1])
-                    continue
-                if scenario is None:  # every remaining item of this shard gets the load error
-                    for j in shard:
-                        outcomes[j] = outcomes[j] or outcome
-                    if progress:
-                        progress(sum(1 for j in shard if outcomes[j] is outcome))
-                    return
-                outcomes[next(pending)] = outcome
-                if progress:
-                    progress(1)
-
-    if gpus > 1:
-        threads = [threading.Thread(target=serve, args=(shard, g)) for g, shard in enumerate(shards) if shard]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    else:
-        serve(shards[0], None)
-    return outcomes, (environments[0] if environments else None)
+    """(one outcome per (scenario, trials) in ``work``, in order; the versions the backend
+    loaded with, or None when it did not load): every item sampled before returning."""
+    sampling = Sampling(name, len(work), work.__getitem__, profile, device, isolate, timeout, gpus, progress)
+    sampling.join()
+    return sampling.outcomes, (sampling.environments[0] if sampling.environments else None)
 
 
 def _record(backend, scenario, check, v, repro) -> CheckRecord:

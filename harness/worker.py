@@ -1,23 +1,27 @@
 """Backend isolation: one worker process per backend, only counts come back.
 
-The worker (a fresh ``spawn`` process) binds its own vLLM source tree if the backend name
-asks for one (``vllm-mrv2@PATH``), loads the backend, and for each scenario materializes
-the inputs, samples and tallies, sending back the tallies alone. The parent plans and
-evaluates the checks. A worker that dies (a CUDA fault, a segfault) or that sends nothing
-for ``timeout`` seconds is killed; that scenario gets an error record and a fresh worker
-takes the remaining scenarios. An import failure is the backend's own load verdict.
+The worker (a fresh ``spawn`` process) starts at once, binds its own vLLM source tree if
+the backend name asks for one (``vllm-mrv2@PATH``) and loads the backend while the parent
+is still planning. Work items then stream through a duplex pipe as they are planned; for
+each one the worker materializes the inputs, samples and tallies, sending back the tallies
+alone. The parent plans and evaluates the checks. A worker that dies (a CUDA fault, a
+segfault) or that sends nothing for ``timeout`` seconds is killed; that scenario gets an
+error record and a fresh worker takes the remaining scenarios. An import failure is the
+backend's own load verdict.
 """
 
 import multiprocessing as mp
 import time
+from collections import deque
 
 from harness.profiles import Profile
 from harness.scenarios import Scenario
 
 LOAD_TIMEOUT = 300.0  # importing vLLM and compiling kernels takes a while
+AHEAD = 2  # items sent before their turn: the next one waits in the pipe, so the worker never idles
 
 
-def _serve(conn, name, device, work, profile_fields, gpu=None):
+def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False):
     from harness.device import configure_triton, pin_gpu
 
     if gpu is not None:  # before CUDA is initialized: this worker sees one GPU
@@ -35,8 +39,17 @@ def _serve(conn, name, device, work, profile_fields, gpu=None):
 
     conn.send(("loaded", backend_environment()))
     profile = Profile(**profile_fields)
-    for data, count in work:
-        conn.send(sample_one(backend, Scenario.from_dict(data), profile, count))
+    while (item := _next_item(conn)) is not None:
+        data, count = item
+        conn.send(sample_one(backend, Scenario.from_dict(data), profile, count, time_backend))
+
+
+def _next_item(conn):
+    """The next (scenario data, trials), or None when the parent has no more (or is gone)."""
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
 
 
 def _receive(conn, proc, timeout):
@@ -46,7 +59,7 @@ def _receive(conn, proc, timeout):
         if conn.poll(0.5):
             try:
                 return conn.recv()
-            except EOFError:
+            except (EOFError, OSError):  # OSError: reset, when it died holding unread work
                 break  # the worker is gone (or going)
         if not proc.is_alive() and not conn.poll(0):
             break
@@ -62,28 +75,56 @@ def _receive(conn, proc, timeout):
     return ("error", f"worker died with exit code {proc.exitcode} (a crash in the backend)")
 
 
-def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None):
-    """Yield (scenario, outcome) like the in-process sampler, from worker processes;
-    ``work`` is [(scenario, trials)]; ``gpu``: the index (among the visible GPUs) the workers use."""
+def _send(conn, message) -> None:
+    try:
+        conn.send(message)
+    except OSError:  # the worker is gone: the next receive says how
+        pass
+
+
+def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None, time_backend: bool = False):
+    """Yield (scenario, outcome) like the in-process sampler, from worker processes.
+
+    ``work`` is an iterable of (scenario, trials), read lazily: a worker starts before the
+    first item exists, and an item is taken (which may wait for its planning) only when the
+    worker is about to need it. ``gpu``: the index (among the visible GPUs) the workers use."""
     ctx = mp.get_context("spawn")
-    remaining = list(work)
-    while remaining:
-        parent, child = ctx.Pipe(duplex=False)
-        payload = [(s.to_dict(), count) for s, count in remaining]
-        args = (child, name, device, payload, profile.__dict__, gpu)
+    items = iter(work)
+    sent = deque()  # items the current worker holds, in order; a fresh worker gets them again
+    while True:
+        parent, child = ctx.Pipe(duplex=True)
+        args = (child, name, device, profile.__dict__, gpu, time_backend)
         proc = ctx.Process(target=_serve, args=args, daemon=True)
         proc.start()
         child.close()
-        first = _receive(parent, proc, LOAD_TIMEOUT)
-        if first[0] != "loaded":
-            yield None, ("load-error", first[1])
-            return
-        yield None, ("environment", first[1])
-        while remaining:
-            outcome = _receive(parent, proc, timeout)
-            yield remaining.pop(0)[0], outcome
-            if outcome[0] == "error" and not proc.is_alive():
-                break  # a fresh worker takes the rest
-        parent.close()
-        if proc.is_alive():
+        try:
+            first = _receive(parent, proc, LOAD_TIMEOUT)
+            if first[0] != "loaded":
+                yield None, ("load-error", first[1])
+                return
+            yield None, ("environment", first[1])
+            for item in sent:
+                _send(parent, (item[0].to_dict(), item[1]))
+            if not (yield from _drain(parent, proc, items, sent, timeout)):
+                return
+        finally:  # also when the caller stops listening: no worker is left behind
+            parent.close()
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def _drain(conn, proc, items, sent, timeout):
+    """Feed ``proc`` and yield its outcomes until the work ends (False) or it dies (True)."""
+    while True:
+        while len(sent) < AHEAD and (item := next(items, None)) is not None:
+            sent.append(item)
+            _send(conn, (item[0].to_dict(), item[1]))
+        if not sent:
+            _send(conn, None)  # no more work: the worker exits
             proc.join(timeout=30)
+            return False
+        outcome = _receive(conn, proc, timeout)
+        yield sent.popleft()[0], outcome
+        if outcome[0] == "error" and not proc.is_alive():
+            return True

@@ -1,0 +1,129 @@
+"""The pipelined runner: planning, sampling and evaluation overlap, and the records are the
+ones of the serial order (plan everything, sample everything, evaluate in catalog order
+with one generator)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import harness.runner as runner
+from harness.catalog import catalog
+from harness.profiles import get_profile
+from harness.runner import load_for_device, planned_trials, run, sample_scenario
+from suites.test_isolation import MARK
+
+PROFILE = get_profile("smoke")
+NAMES = ("greedy-ties", "standard-near-target", "block-fixed", "synthetic-rates", "strict-fixed")
+SCENARIOS = [s for s in catalog(PROFILE) if s.name in NAMES]
+BACKENDS = ["reference", "fault:bonus-wrong-row"]  # a failing one: its statistics are not all near the null's
+
+
+def serial_verdicts(backend_names, scenarios, profile, seed):
+    """The run written out in the serial order, one rng consumed backend by backend in catalog order."""
+    rng = np.random.default_rng(seed)
+    plans = [planned_trials(s, profile) for s in scenarios]
+    out = []
+    for name in backend_names:
+        backend = load_for_device(name, "cpu")
+        for s, (templates, planned, count) in zip(scenarios, plans):
+            tallies = sample_scenario(backend, s, templates, count, profile)
+            out += [(name, s.name, c.template, c.name, c.evaluate(tallies[c.template], rng)) for c in planned]
+    return out
+
+
+def fields(records):
+    return [(r.backend, r.scenario, r.template, r.check, r.statistic, r.p_value, r.trials, r.tv_estimate, r.message) for r in records]
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "workers"])
+def test_pipelined_records_are_the_serial_orders(isolate):
+    result = run(BACKENDS, SCENARIOS, PROFILE, seed=5, isolate=isolate)
+    expected = [
+        (b, s, t, c, v.statistic, v.p_value, v.trials, v.tv_estimate, v.message)
+        for b, s, t, c, v in serial_verdicts(BACKENDS, SCENARIOS, PROFILE, 5)
+    ]
+    assert fields(result.records) == expected
+    serial = run(BACKENDS, SCENARIOS, PROFILE, seed=5, isolate=isolate, pipelined=False)
+    assert [r.to_dict() for r in result.records] == [r.to_dict() for r in serial.records]  # Holm's thresholds too
+
+
+def test_a_crash_mid_stream_leaves_the_remaining_scenarios_their_results():
+    """The worker dies on the third of five scenarios, holding the fourth (sent ahead): a
+    fresh worker takes the fourth and the fifth, and the records equal the serial run's."""
+    name = "suites.test_isolation:Crashes"
+    result = run([name], SCENARIOS, PROFILE, isolate=True)
+    assert [(r.scenario, r.verdict) for r in result.records if r.verdict != "pass"] == [(MARK, "error")]
+    assert {s.name for s in SCENARIOS} - {r.scenario for r in result.records if r.verdict == "pass"} == {MARK}
+    serial = run([name], SCENARIOS, PROFILE, isolate=True, pipelined=False)
+    assert [r.to_dict() for r in result.records] == [r.to_dict() for r in serial.records]
+
+
+def test_sampling_starts_before_planning_ends(monkeypatch):
+    """The last scenario's planning waits for the first outcome: only a worker that started
+    and got its work while planning went on can give it."""
+    first_outcome, waited = threading.Event(), []
+
+    def planned(scenario, profile):
+        if scenario is SCENARIOS[-1]:
+            waited.append(first_outcome.wait(120))
+        return planned_trials(scenario, profile)
+
+    monkeypatch.setattr(runner, "planned_trials", planned)
+    result = run(["reference"], SCENARIOS, PROFILE, isolate=True, progress=lambda n: first_outcome.set())
+    assert waited == [True]
+    assert {r.verdict for r in result.records} == {"pass"}
+
+
+evaluated = threading.Event()
+
+
+class WaitsForAVerdict:
+    """Samples like the reference, but on ``MARK`` first waits until a check was evaluated."""
+
+    saw_a_verdict: list = []
+
+    def __init__(self):
+        from reference.sampler import ReferenceSampler
+
+        self._reference = ReferenceSampler()
+
+    def sample(self, batch):
+        if batch.num_drafts[:3].tolist() == [1, 3, 4]:  # standard-near-target's templates
+            WaitsForAVerdict.saw_a_verdict.append(evaluated.wait(120))
+        return self._reference.sample(batch)
+
+
+def test_checks_are_evaluated_while_later_scenarios_sample(monkeypatch):
+    record = runner._record
+
+    def recorded(*args):
+        evaluated.set()
+        return record(*args)
+
+    evaluated.clear()
+    WaitsForAVerdict.saw_a_verdict.clear()
+    monkeypatch.setattr(runner, "_record", recorded)
+    result = run(["suites.test_pipeline:WaitsForAVerdict"], SCENARIOS[:3], PROFILE)
+    assert WaitsForAVerdict.saw_a_verdict and all(WaitsForAVerdict.saw_a_verdict)
+    assert {r.verdict for r in result.records} == {"pass"}
+
+
+def test_a_planning_error_is_raised_not_waited_on(monkeypatch):
+    def planned(scenario, profile):
+        if scenario is SCENARIOS[2]:
+            raise RuntimeError("planning broke")
+        return planned_trials(scenario, profile)
+
+    monkeypatch.setattr(runner, "planned_trials", planned)
+    for isolate in (False, True):
+        with pytest.raises(RuntimeError, match="planning broke"):
+            run(["reference"], SCENARIOS, PROFILE, isolate=isolate)
+
+
+def test_backend_time_is_measured_only_when_asked():
+    plain = run(["reference"], SCENARIOS[:2], PROFILE)
+    timed = run(["reference"], SCENARIOS[:2], PROFILE, time_backend=True)
+    assert plain.sample_call_seconds == {}
+    assert 0 < timed.sample_call_seconds["reference"] <= timed.backend_seconds["reference"]
+    assert [r.to_dict() for r in plain.records] == [r.to_dict() for r in timed.records]
