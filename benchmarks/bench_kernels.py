@@ -12,7 +12,7 @@ CUDA graph and replayed (as engines run a decoding step: inputs already in the g
 static buffers, no host launch work). The graph column is the pipeline's device time.
 
 ``triton`` is the path ``verify`` picks by default (``path="auto"``: on CUDA the fused path
-up to ``FUSED_MAX_REQUESTS_CUDA`` requests, ``takes_fused_path``); ``triton-fused`` and
+up to ``FUSED_MAX_LOGITS_CUDA`` requests x V, ``takes_fused_path``); ``triton-fused`` and
 ``triton-staged`` force one path at every batch size, for comparison.
 """
 
@@ -167,7 +167,7 @@ def main() -> int:
                     "K": k,
                     "V": v,
                     "bytes": nbytes,
-                    "triton_path": "fused" if takes_fused_path("auto", b, cuda=True) else "staged",
+                    "triton_path": "fused" if takes_fused_path("auto", b, cuda=True, vocab=v) else "staged",
                 }
                 for name in names:
                     try:

@@ -413,8 +413,9 @@ def test_path_dispatch():
     assert ts.takes_fused_path("auto", 10, fused_max_requests=10) and not ts.takes_fused_path("auto", 11, fused_max_requests=10)
     assert ts.takes_fused_path("fused", 10**6) and not ts.takes_fused_path("staged", 1)
     assert not ts.takes_fused_path("fused", 1, fault=3) and not ts.takes_fused_path("auto", 1, fault=3)
-    cuda_max = ts.FUSED_MAX_REQUESTS_CUDA  # CUDA: its own measured threshold
-    assert ts.takes_fused_path("auto", cuda_max, cuda=True) and not ts.takes_fused_path("auto", cuda_max + 1, cuda=True)
+    # CUDA: its own measured threshold, in logits per row position (256 requests at V = 32000, 62 at 131072)
+    assert ts.takes_fused_path("auto", 256, cuda=True, vocab=32000) and not ts.takes_fused_path("auto", 257, cuda=True, vocab=32000)
+    assert ts.takes_fused_path("auto", 62, cuda=True, vocab=131072) and not ts.takes_fused_path("auto", 63, cuda=True, vocab=131072)
     with pytest.raises(ValueError, match="path"):
         ts.TritonBackend(path="fast")
 

@@ -798,26 +798,28 @@ class _Context:
 
 
 # ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3 launches, 3
-# allocations, no host sync) up to this many requests, and the staged pipeline (~10 launches,
-# a dozen allocations) above. Interpreter (CPU): 256, where the fused path's fewer programs
-# pay. CUDA, measured on an H100 (benchmarks/RESULTS.md, session 4): at B = 1 the fused path
-# is faster at every V and K, eager (0.11-0.25 ms vs 0.41-0.88 ms) and under CUDA graphs
-# (0.041-0.055 ms vs 0.046-0.056 ms); at B = 64 it is faster eager but up to 21% slower under
-# graphs at V >= 131072, and from B = 256 the staged path wins at V >= 131072 in both modes.
+# allocations, no host sync) for small batches and the staged pipeline (~10 launches, a dozen
+# allocations) above. Interpreter (CPU): up to 256 requests, where the fused path's fewer
+# programs pay. CUDA: up to 8,192,000 logits per row position (requests x V: 256 requests at
+# V = 32000, 62 at V = 131072), measured on an H100 (benchmarks/RESULTS.md, session 5): the
+# fused path is faster eager at every B <= 256 and under CUDA graphs at V = 32000 up to
+# B = 256, but up to 20-40% slower under graphs from B = 64 at V >= 131072.
 FUSED_MAX_REQUESTS = 256
-FUSED_MAX_REQUESTS_CUDA = 8
+FUSED_MAX_LOGITS_CUDA = 256 * 32000
 PATHS = ("auto", "fused", "staged")
 
 
-def takes_fused_path(path: str, num_requests: int, fused_max_requests: int | None = None, fault: int = 0, cuda: bool = False) -> bool:
+def takes_fused_path(
+    path: str, num_requests: int, fused_max_requests: int | None = None, fault: int = 0, cuda: bool = False, vocab: int = 1
+) -> bool:
     """Whether ``verify`` runs a batch of ``num_requests`` on the fused path: "auto" takes
-    it up to ``fused_max_requests`` requests (default: ``FUSED_MAX_REQUESTS``, or
-    ``FUSED_MAX_REQUESTS_CUDA`` on CUDA). Planted faults (``fault != 0``) always take the
-    staged path: they are planted in its kernels."""
+    it up to ``fused_max_requests`` requests (default: ``FUSED_MAX_REQUESTS``, or on CUDA
+    as many as keep ``num_requests * vocab`` within ``FUSED_MAX_LOGITS_CUDA``). Planted
+    faults (``fault != 0``) always take the staged path: they are planted in its kernels."""
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
     if fused_max_requests is None:
-        fused_max_requests = FUSED_MAX_REQUESTS_CUDA if cuda else FUSED_MAX_REQUESTS
+        fused_max_requests = FUSED_MAX_LOGITS_CUDA // max(vocab, 1) if cuda else FUSED_MAX_REQUESTS
     return fault == 0 and (path == "fused" or (path == "auto" and num_requests <= fused_max_requests))
 
 
@@ -836,7 +838,7 @@ def verify(
     Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)``; slots past ``num_emitted``
     hold -1.
     """
-    if takes_fused_path(path, cu_num_drafts.numel() - 1, fused_max_requests, fault, target_logits.is_cuda):
+    if takes_fused_path(path, cu_num_drafts.numel() - 1, fused_max_requests, fault, target_logits.is_cuda, target_logits.shape[1]):
         from harness.backends.triton_fused import verify_fused  # imports this module's helpers
 
         return verify_fused(
@@ -953,7 +955,13 @@ class TritonBackend:
         if self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("triton backend on cpu needs TRITON_INTERPRET=1 set before triton is imported")
         flags = {}  # the has_* flags: all True unless known
-        fused = takes_fused_path(**self.path, num_requests=batch.num_requests, fault=self.tiles.get("fault", 0), cuda=self.device == "cuda")
+        fused = takes_fused_path(
+            **self.path,
+            num_requests=batch.num_requests,
+            fault=self.tiles.get("fault", 0),
+            cuda=self.device == "cuda",
+            vocab=batch.vocab_size,
+        )
         if not (fused and getattr(batch.methods, "is_cuda", False)):  # reading a CUDA batch's methods synchronizes
             methods = host(batch.methods)
             flags = dict(
