@@ -53,14 +53,14 @@ from harness.backends.triton_sampler import (
     _choose_tile,
     _draw_in_tile,
     _inv_temperature,
-    _mass_chunk,
     _stats_step,
     _store_final,
     _store_tile_mass,
-    _tile_total,
+    _tile_masses,
     _tile_weights,
     _tiles,
     _uniform,
+    tile_masses_width,
 )
 
 
@@ -277,15 +277,14 @@ def _split_mass(
 @triton.jit
 def _pick(
     t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
-    use_draft, excl, act, mass_w, mass_t, u, n_tiles,
-    HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+    use_draft, excl, act, mass_w, mass_t, u, n_tiles, HAS_DRAFT: tl.constexpr, NT: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """``_pick_kernel``'s inverse CDF for one job per lane; ``mass_w`` / ``mass_t`` point at
     each lane's ``n_tiles`` tile masses. Returns the token (int64)."""
-    total_w = _tile_total(mass_w, n_tiles, act, CHUNK)
-    use_w = total_w > 0  # else the residual is empty: fall back to the target row
-    threshold = u * tl.where(use_w, total_w, _tile_total(mass_t, n_tiles, act & ~use_w, CHUNK))
-    tile, frac = _choose_tile(mass_w, mass_t, n_tiles, use_w, threshold, act, CHUNK)
+    tile_w = _tile_masses(mass_w, n_tiles, act, NT)
+    use_w = tl.sum(tile_w, axis=1) > 0  # else the residual is empty: fall back to the target row
+    tiles = tl.where(use_w[:, None], tile_w, _tile_masses(mass_t, n_tiles, act & ~use_w, NT))
+    tile, frac = _choose_tile(tiles, u * tl.sum(tiles, axis=1))
     return _draw_in_tile(
         t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
         resid & use_w[:, None], use_draft, excl, (tile * BLOCK_V)[:, None], frac, HAS_DRAFT, 0, BLOCK_V,
@@ -339,7 +338,7 @@ def _fused_mass_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
     scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
-    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
+    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """The chain (written for ``_fused_pick_kernel`` by the first split's programs), then
@@ -398,7 +397,7 @@ def _fused_mass_kernel(
 def _draw(
     t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts, positions,
     mass_w, m_size, r, start, trow, slot, m, logs, rho, act, scale, seed, K, n_tiles,
-    STREAM: tl.constexpr, HAS_DRAFT: tl.constexpr, D_NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+    STREAM: tl.constexpr, HAS_DRAFT: tl.constexpr, D_NSPLIT: tl.constexpr, NT: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """One draw per active lane from target row ``trow`` (or its residual, rho >= 0) with the
     masses ``_fused_mass_kernel`` summed for ``slot``, by the uniform of (seed, position, STREAM)."""
@@ -410,7 +409,7 @@ def _draw(
     return _pick(
         t_logits, t_stride, V, d_logits, d_stride, Vd, j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho,
         j_active, j_resid, j_use_draft, j_excl, act, mass_w + at, mass_w + m_size + at, u, n_tiles,
-        HAS_DRAFT, CHUNK, BLOCK_V,
+        HAS_DRAFT, NT, BLOCK_V,
     )  # fmt: skip
 
 
@@ -419,7 +418,7 @@ def _fused_pick_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
     scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, tokens, emitted,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
-    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
+    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """Strict requests' target samples, block verification's stop, the final draw and every
@@ -458,7 +457,7 @@ def _fused_pick_kernel(
                 drawn = _draw(
                     t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
                     positions, mass_w, m_size, r, start, row0 + k, tl.zeros_like(n) + k, m, logs, tl.full(temp.shape, -1.0, tl.float32),
-                    need, scale, seed, K, n_tiles, _TARGET, HAS_DRAFT, D_NSPLIT, CHUNK, BLOCK_V,
+                    need, scale, seed, K, n_tiles, _TARGET, HAS_DRAFT, D_NSPLIT, NT, BLOCK_V,
                 )  # fmt: skip
                 y = tl.where(point, arg, drawn)
             ok = y == xk
@@ -486,7 +485,7 @@ def _fused_pick_kernel(
             else:
                 q_pt = (tl.load(drafts + start + i, mask=inner & point, other=-1) == pt).to(tl.float32)
             mass = tl.where(point, tl.maximum(rho - q_pt, 0.0), 0.0).to(tl.float64)
-            mass += _tile_total(mass_w + (r * (K + 1) + i) * n_tiles, n_tiles, inner & ~point, CHUNK)
+            mass += tl.sum(_tile_masses(mass_w + (r * (K + 1) + i) * n_tiles, n_tiles, inner & ~point, NT), axis=1)
             denom = mass + 1.0 - rho
             h = tl.where(inner, tl.where(denom > 0, mass / tl.where(denom > 0, denom, 1.0), 1.0), rho)
             eta = _uniform(seed, tl.load(positions + row - 1, mask=live, other=0), _BLOCK_STREAM)
@@ -501,7 +500,7 @@ def _fused_pick_kernel(
         drawn = _draw(
             t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
             positions, mass_w, m_size, r, start, row0 + fin, fin, m, logs, rho_fin, draw, scale, seed, K, n_tiles,
-            _RESIDUAL, HAS_DRAFT, D_NSPLIT, CHUNK, BLOCK_V,
+            _RESIDUAL, HAS_DRAFT, D_NSPLIT, NT, BLOCK_V,
         )  # fmt: skip
         token = tl.where(draw, drawn, token)
     out = tl.where(ks < fin[:, None], x, tl.where(ks == fin[:, None], token[:, None], -1))
@@ -565,8 +564,19 @@ def verify_fused(
     # Steps padded to a power of two, at least 2 (a masked step costs nothing): Triton 3.6
     # failed on a [lanes, 1] step tile before the step indices were int64.
     kp = max(2, triton.next_power_of_2(k + 1))
-    chunk = _mass_chunk(lanes, n_tiles, cuda)
-    flags = (has_draft, has_strict, has_synthetic, has_block, t_nsplit, d_nsplit, kp, chunk, lanes, t_block_v)
+    # Every lane's tile masses in one load (128 per lane at most on CUDA: V <= 262,144 at one lane).
+    flags = (
+        has_draft,
+        has_strict,
+        has_synthetic,
+        has_block,
+        t_nsplit,
+        d_nsplit,
+        kp,
+        tile_masses_width(n_tiles, lanes, cuda),
+        lanes,
+        t_block_v,
+    )
     _fused_mass_kernel[(triton.cdiv(b, lanes), t_nsplit)](*args, *flags, num_warps=4)
     _fused_pick_kernel[(triton.cdiv(b, lanes),)](*args, tokens, emitted, *flags, num_warps=4)
     return tokens, emitted

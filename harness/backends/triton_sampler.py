@@ -370,7 +370,8 @@ def _store_tile_mass(out_w, out_t, at, w, t, mask):
 
 @triton.jit
 def _tile_total(mass, n_tiles, mask, CHUNK: tl.constexpr):
-    """fp64 sum of each lane's ``n_tiles`` tile masses (``mass``: each lane's first)."""
+    """fp64 sum of each lane's ``n_tiles`` tile masses (``mass``: each lane's first), CHUNK at a
+    time (``_block_kernel``: 64 requests per program, too many for ``_tile_masses``' one load)."""
     total = tl.zeros(mask.shape, tl.float64)
     for c in range(0, n_tiles, CHUNK):
         idx = c + tl.arange(0, CHUNK)[None, :]
@@ -379,33 +380,28 @@ def _tile_total(mass, n_tiles, mask, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _choose_tile(mass_w, mass_t, n_tiles, use_w, threshold, act, CHUNK: tl.constexpr):
-    """The first tile whose running mass (of ``mass_w`` where ``use_w``, else ``mass_t``)
-    passes ``threshold``, and the fraction of that tile's mass still below it. Rounding past
-    the total: the last tile of positive mass, fraction 1."""
-    below = tl.zeros(act.shape, tl.float64)
-    chosen = tl.full(act.shape, -1, tl.int32)
-    last = tl.full(act.shape, -1, tl.int32)
-    frac = tl.zeros(act.shape, tl.float64)
-    for c in range(0, n_tiles, CHUNK):
-        idx = c + tl.arange(0, CHUNK)[None, :]
-        inside = act[:, None] & (idx < n_tiles)
-        mass = tl.where(
-            use_w[:, None],
-            tl.load(mass_w[:, None] + idx, mask=inside, other=0.0),
-            tl.load(mass_t[:, None] + idx, mask=inside, other=0.0),
-        )
-        running = tl.cumsum(mass, axis=1) + below[:, None]
-        first = tl.min(tl.where((mass > 0) & (running > threshold[:, None]), idx, _NO_ID), axis=1)
-        here = (chosen < 0) & (first != _NO_ID)
-        at = idx == first[:, None]
-        mass_at = tl.sum(tl.where(at, mass, 0.0), axis=1)
-        below_at = tl.sum(tl.where(at, running, 0.0), axis=1) - mass_at
-        frac = tl.where(here, (threshold - below_at) / tl.where(mass_at > 0, mass_at, 1.0), frac)
-        chosen = tl.where(here, first, chosen)
-        last = tl.maximum(last, tl.max(tl.where(mass > 0, idx, -1), axis=1))
-        below = tl.max(running, axis=1)
-    return tl.where(chosen < 0, last, chosen), tl.minimum(tl.where(chosen < 0, 1.0, frac), 1.0)
+def _tile_masses(mass, n_tiles, mask, NT: tl.constexpr):
+    """Each lane's ``n_tiles`` tile masses (``mass``: each lane's first) as one [lanes, NT]
+    tile, NT >= n_tiles (0 past them): at most 128 per lane on CUDA (V <= 262,144)."""
+    idx = tl.arange(0, NT)[None, :]
+    return tl.load(mass[:, None] + idx, mask=mask[:, None] & (idx < n_tiles), other=0.0)
+
+
+@triton.jit
+def _choose_tile(mass, threshold):
+    """The first tile whose running mass ([lanes, NT]) passes ``threshold`` ([lanes]), and the
+    fraction of that tile's mass still below it. Rounding past the total: the last tile of
+    positive mass, fraction 1."""
+    idx = tl.arange(0, mass.shape[1])[None, :]
+    running = tl.cumsum(mass, axis=1)
+    first = tl.min(tl.where((mass > 0) & (running > threshold[:, None]), idx, _NO_ID), axis=1)
+    found = first != _NO_ID
+    tile = tl.where(found, first, tl.max(tl.where(mass > 0, idx, -1), axis=1))
+    at = idx == tile[:, None]
+    mass_at = tl.sum(tl.where(at, mass, 0.0), axis=1)
+    below = tl.sum(tl.where(at, running, 0.0), axis=1) - mass_at
+    frac = tl.where(found, (threshold - below) / tl.where(mass_at > 0, mass_at, 1.0), 1.0)
+    return tile, tl.minimum(frac, 1.0)
 
 
 @triton.jit
@@ -440,7 +436,7 @@ def _pick_kernel(
     job_trow, job_req, job_rho, n_jobs, temperature, seeds, positions, drafts,
     mass_w, mass_t, u_given, out, emitted, K, n_tiles,
     STREAM: tl.constexpr, FINAL: tl.constexpr, GIVEN_U: tl.constexpr, HAS_DRAFT: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
+    NT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     """Inverse CDF in two steps: the tile whose running mass passes ``u * total``, then,
     inside it, the first id whose fp64 running sum passes the same fraction of the tile's
@@ -448,10 +444,9 @@ def _pick_kernel(
     jobs, req, act, trow1, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid, use_draft, excl = _job_rows(
         job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R, FAULT
     )
-    lane_w = mass_w + jobs * n_tiles
-    lane_t = mass_t + jobs * n_tiles
-    total_w = _tile_total(lane_w, n_tiles, act, CHUNK)
-    use_w = total_w > 0  # else the residual is empty: fall back to the target row
+    tile_w = _tile_masses(mass_w + jobs * n_tiles, n_tiles, act, NT)
+    use_w = tl.sum(tile_w, axis=1) > 0  # else the residual is empty: fall back to the target row
+    tiles = tl.where(use_w[:, None], tile_w, _tile_masses(mass_t + jobs * n_tiles, n_tiles, act & ~use_w, NT))
     if GIVEN_U:
         u = tl.load(u_given + jobs, mask=act, other=0.5)
     else:
@@ -465,10 +460,10 @@ def _pick_kernel(
             u = _uniform(seed, pos, STREAM)
         if FAULT == _NOISE_FLOOR:
             u = ((u * 64.0).to(tl.int32).to(tl.float64) + 0.5) / 64.0
-    threshold = u * tl.where(use_w, total_w, _tile_total(lane_t, n_tiles, act & ~use_w, CHUNK))
+    threshold = u * tl.sum(tiles, axis=1)
     if FAULT == _RESIDUAL_NOT_NORMALIZED:
         threshold = u
-    tile, frac = _choose_tile(lane_w, lane_t, n_tiles, use_w, threshold, act, CHUNK)
+    tile, frac = _choose_tile(tiles, threshold)
     token = _draw_in_tile(
         t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
         resid & use_w[:, None], use_draft, excl, (tile * BLOCK_V)[:, None], frac, HAS_DRAFT, FAULT, BLOCK_V,
@@ -713,8 +708,17 @@ def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | Non
     return block_v, block_r, triton.cdiv(vocab, split_len), split_len
 
 
+def tile_masses_width(n_tiles: int, lanes: int, cuda: bool) -> int:
+    """``_tile_masses``' NT: a power of two >= n_tiles. On CUDA at least 128 / lanes (and 4):
+    Triton 3.6 fails to lower the draw's cumulative sum over a tile smaller than a program's
+    threads (an assertion in ScanOpToLLVM at [2, 2]); at one lane that is all 128 tiles of V
+    = 262,144, so larger vocabularies need no compile of their own."""
+    floor = max(4, 128 // lanes) if cuda else 2
+    return max(floor, triton.next_power_of_2(n_tiles))
+
+
 def _mass_chunk(lanes: int, n_tiles: int, cuda: bool) -> int:
-    """Tile masses a draw's search reads per step: on CUDA a function of the lanes per program
+    """Tile masses ``_tile_total`` reads per step: on CUDA a function of the lanes per program
     alone (no compile per vocabulary; at most 1024 fp64 per program, all 128 tiles of
     V = 262,144 at one lane), in the interpreter just the tiles there are."""
     if cuda:
@@ -767,7 +771,6 @@ class _Context:
         self.temperature, self.seeds, self.positions, self.drafts = temperature, seeds, positions, drafts
         self.block_v, self.block_r, self.nsplit, self.split_len = _tiles(self.vocab, cuda, *tiles)
         self.n_tiles = triton.cdiv(self.vocab, self.block_v)
-        self.chunk = _mass_chunk(self.block_r, self.n_tiles, cuda)
         self.warps = 4
         self.dev = target_logits.device
         self.fault = fault
@@ -788,10 +791,12 @@ class _Context:
         last slot of ``out`` [B, k+1] when ``emitted`` is given."""
         mass_w, mass_t = self.masses(job_trow, job_req, job_rho)
         n = job_trow.numel()
-        _pick_kernel[(triton.cdiv(n, self.block_r),)](
+        rows = min(self.block_r, max(1, (1 << 18) // triton.next_power_of_2(self.n_tiles)))  # tiny CPU tiles: [rows, NT] fits
+        nt = tile_masses_width(self.n_tiles, rows, self.dev.type == "cuda")
+        _pick_kernel[(triton.cdiv(n, rows),)](
             *self.common, job_trow, job_req, job_rho, n, self.temperature, self.seeds, self.positions, self.drafts,
             mass_w, mass_t, mass_w if u is None else u, out, out if emitted is None else emitted, k, self.n_tiles,
-            stream, emitted is not None, u is not None, self.has_draft, self.chunk, self.block_r, self.block_v,
+            stream, emitted is not None, u is not None, self.has_draft, nt, rows, self.block_v,
             _planted(_pick_kernel, self.fault),
             num_warps=self.warps,
         )  # fmt: skip
