@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Verify on an air-gapped GPU machine (no package access): the vLLM trees and wheels travel
 # in vendor/ (scripts/build_vllm_tree.py; vendor/suite-wheels from `pip download`).
-# Usage: OUT=/some/dir [STEPS="verdict runs pytest kernels"] [VERDICT_ARGS="--backend triton"]
+# Usage: OUT=/some/dir [STEPS="verdict runs runbench pytest kernels"] [VERDICT_ARGS="--backend triton"]
 #        [PYTEST_ARGS="suites/test_triton.py -m gpu"] [KERNEL_ARGS="--backends triton,vllm-mrv2"] bash scripts/gpu_run.sh
 #   -> $OUT/gpu_results.tgz (logs, JSON, reports)
 set -u
 OUT=${OUT:-reports/gpu}
-STEPS=${STEPS:-verdict runs pytest kernels}
+STEPS=${STEPS:-verdict runs runbench pytest kernels}
 WORK=/tmp/gpu-results
 mkdir -p "$OUT" "$WORK" /tmp/vdeps
 for w in vendor/wheelhouse/*.whl vendor/suite-wheels/*.whl; do
@@ -28,6 +28,8 @@ if has runs; then
       --out "$WORK/run-gpu-$b" --no-progress
   done
 fi
+has runbench && step bench_run "${RUNBENCH_TIMEOUT:-300}" python benchmarks/bench_run.py --device cuda --profile gpu --warmup \
+  --json "$WORK/bench_run.json" ${RUNBENCH_ARGS:---backend triton --backend vllm-mrv2}
 has pytest && step pytest_gpu "${PYTEST_TIMEOUT:-300}" python -m pytest ${PYTEST_ARGS:-suites/ -m gpu} -q -p no:cacheprovider -rA --durations=25
 has kernels && step bench_kernels "${BENCH_TIMEOUT:-170}" python benchmarks/bench_kernels.py --json "$WORK/bench_kernels.json" ${KERNEL_ARGS:-}
 tar -czf "$OUT/gpu_results.tgz" -C "$WORK" .
