@@ -21,6 +21,13 @@ def results_document(result, argv=None) -> dict:
         "family_alpha": result.family_alpha,
         "seconds": result.seconds,
         "backend_seconds": result.backend_seconds,
+        # Where a run's wall time went (the stages overlap: they need not add up to ``seconds``).
+        "timing": {
+            "planning_s": result.plan_seconds,
+            "evaluation_s": result.evaluate_seconds,
+            "backend_load_s": result.load_seconds,
+            "sampling_s": result.backend_seconds,
+        },
         "trials": {f"{b}/{s}": n for (b, s), n in result.trials.items()},
         "counts": result.counts(),
         "environment": describe(),

@@ -32,6 +32,9 @@ def test_run_writes_results_and_report(tmp_path, capsys):
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["counts"]["fail"] == 0 and doc["counts"]["pass"] > 100
     assert all(RECORD_FIELDS <= set(r) for r in doc["records"])
+    timing = doc["timing"]  # where the wall time went, per stage and backend
+    assert timing["planning_s"] > 0 and timing["evaluation_s"] > 0
+    assert timing["backend_load_s"]["reference"] > 0 and timing["sampling_s"]["reference"] > 0
     html = (tmp_path / "index.html").read_text()
     assert html.startswith("<!doctype html>") and "<script src" not in html
     out = capsys.readouterr().out
