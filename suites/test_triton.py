@@ -314,7 +314,7 @@ def test_tail_tokens_drawn_at_their_rate(path, residual):
     """4095 tail tokens each e^-12 (6e-6) below the head (4094 in the residual): binomial test
     at alpha 1e-6 that detects (power 0.99) a 50% error in the tail rate (vLLM #43150: a draw
     in fp32 starves such tokens). The staged path draws bonus tokens (``_pick_kernel``), the
-    fused path replacements from a residual (``_pick``, after its chain rejected the draft);
+    fused path replacements from a residual (``_draw``, after its chain rejected the draft);
     either path draws both with the same code, and they agree token for token
     (``test_fused_equals_staged``). The interpreter cannot afford the 1e-9..1e-12 ratios
     (about 200 / ratio token draws): ``test_draw_resolves_the_far_tail`` covers those

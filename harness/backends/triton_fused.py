@@ -50,17 +50,15 @@ from harness.backends.triton_sampler import (
     _SYNTHETIC,
     _TARGET,
     TritonBackend,
-    _choose_tile,
-    _draw_in_tile,
+    _draw_from_tiles,
     _inv_temperature,
+    _split_tile_masses,
     _stats_step,
     _store_final,
-    _store_tile_mass,
     _tile_masses,
-    _tile_weights,
+    _tile_masses_width,
     _tiles,
     _uniform,
-    tile_masses_width,
 )
 
 
@@ -256,41 +254,6 @@ def _job(
     )  # fmt: skip
 
 
-@triton.jit
-def _split_mass(
-    t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
-    use_draft, excl, act, split, split_len, out_w, out_t, HAS_DRAFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-):  # fmt: skip
-    """``_mass_kernel``'s sums over the tiles of one split: the job's weights into ``out_w``,
-    its target row into ``out_t`` (each lane's first tile), as ``_store_tile_mass``."""
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, V)
-    for start in range(lo, hi, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)[None, :]
-        w, t = _tile_weights(
-            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT, 0, False,
-        )  # fmt: skip
-        _store_tile_mass(out_w, out_t, start // BLOCK_V, w, t, act)
-
-
-@triton.jit
-def _pick(
-    t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
-    use_draft, excl, act, mass_w, mass_t, u, n_tiles, HAS_DRAFT: tl.constexpr, NT: tl.constexpr, BLOCK_V: tl.constexpr,
-):  # fmt: skip
-    """``_pick_kernel``'s inverse CDF for one job per lane; ``mass_w`` / ``mass_t`` point at
-    each lane's ``n_tiles`` tile masses. Returns the token (int64)."""
-    tile_w = _tile_masses(mass_w, n_tiles, act, NT)
-    use_w = tl.sum(tile_w, axis=1) > 0  # else the residual is empty: fall back to the target row
-    tiles = tl.where(use_w[:, None], tile_w, _tile_masses(mass_t, n_tiles, act & ~use_w, NT))
-    tile, frac = _choose_tile(tiles, u * tl.sum(tiles, axis=1))
-    return _draw_in_tile(
-        t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
-        resid & use_w[:, None], use_draft, excl, (tile * BLOCK_V)[:, None], frac, HAS_DRAFT, 0, BLOCK_V,
-    )  # fmt: skip
-
-
 # --- kernels --------------------------------------------------------------------------------------
 # Batch sizes and scratch offsets are not specialized on (== 1, divisible by 16): every new batch
 # shape would compile the kernels again (the GPU suite's fuzzing spent minutes compiling).
@@ -386,10 +349,10 @@ def _fused_mass_kernel(
             d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
         )
         at = (r * (K + 1) + slot) * n_tiles
-        _split_mass(
+        _split_tile_masses(
             t_logits, t_stride, V, d_logits, d_stride, Vd, j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho,
             j_active, j_resid, j_use_draft, j_excl, act, split, split_len, mass_w + at, mass_w + m_size + at,
-            HAS_DRAFT, BLOCK_R, BLOCK_V,
+            HAS_DRAFT, 0, BLOCK_V,
         )  # fmt: skip
 
 
@@ -406,11 +369,11 @@ def _draw(
     )
     u = _uniform(seed, tl.load(positions + trow, mask=act, other=0), STREAM)
     at = (r * (K + 1) + slot) * n_tiles
-    return _pick(
+    token, _ = _draw_from_tiles(
         t_logits, t_stride, V, d_logits, d_stride, Vd, j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho,
-        j_active, j_resid, j_use_draft, j_excl, act, mass_w + at, mass_w + m_size + at, u, n_tiles,
-        HAS_DRAFT, NT, BLOCK_V,
+        j_active, j_resid, j_use_draft, j_excl, act, mass_w + at, mass_w + m_size + at, u, n_tiles, HAS_DRAFT, 0, NT, BLOCK_V,
     )  # fmt: skip
+    return token
 
 
 @triton.jit(do_not_specialize=_COUNTS)
@@ -573,7 +536,7 @@ def verify_fused(
         t_nsplit,
         d_nsplit,
         kp,
-        tile_masses_width(n_tiles, lanes, cuda),
+        _tile_masses_width(n_tiles, lanes, cuda),
         lanes,
         t_block_v,
     )

@@ -17,8 +17,8 @@ launches a fixed pipeline with no host synchronization:
    ``_block_kernel`` (the stop position, Sun et al. 2024).
 5. ``_mass_kernel`` + ``_pick_kernel``: each job's token by inverse CDF. The first pass
    sums the weights per vocabulary tile (programs per split); the second picks the tile
-   holding ``u * total`` from those sums and scans only that tile with fp64 running sums. ``u`` has 52 random
-   bits, so a token 1e-12 below the total is drawn at its rate (vLLM #43150 starved tokens
+   holding ``u * total`` from those sums and scans only that tile with fp64 running sums.
+   ``u`` has 52 random bits, so a token 1e-12 below the total is drawn at its rate (vLLM #43150 starved tokens
    below fp32's 2**-24). An empty residual falls back to the target row.
 
 All noise is a counter-based Philox draw keyed by (seed, position, stream): a request's
@@ -349,7 +349,24 @@ def _mass_kernel(
     jobs, req, act, trow1, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid, use_draft, excl = _job_rows(
         job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R, FAULT
     )
-    lo = tl.program_id(1) * split_len
+    _split_tile_masses(
+        t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
+        use_draft, excl, jobs < n_jobs, tl.program_id(1), split_len, out_w + jobs * n_tiles, out_t + jobs * n_tiles,
+        HAS_DRAFT, FAULT, BLOCK_V,
+    )  # fmt: skip
+
+
+@triton.jit
+def _split_tile_masses(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
+    use_draft, excl, mask, split, split_len, out_w, out_t, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Each job's weight sum and target-row sum over every tile of one split, into ``out_w`` /
+    ``out_t`` (each lane's first tile). Summed in fp64: a token 1e-12 below its tile mates keeps
+    its exact slice of the CDF (in fp32 its weight would vanish from the tile's mass and shift
+    the slices after it)."""
+    lo = split * split_len
     hi = tl.minimum(lo + split_len, V)
     for start in range(lo, hi, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)[None, :]
@@ -357,15 +374,8 @@ def _mass_kernel(
             t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
             rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
         )  # fmt: skip
-        _store_tile_mass(out_w, out_t, jobs * n_tiles + start // BLOCK_V, w, t, jobs < n_jobs)
-
-
-@triton.jit
-def _store_tile_mass(out_w, out_t, at, w, t, mask):
-    """A tile's masses, summed in fp64: a token 1e-12 below its tile mates keeps its exact slice of
-    the CDF (in fp32 its weight would vanish from the tile's mass and shift the slices after it)."""
-    tl.store(out_w + at, tl.sum(w.to(tl.float64), axis=1), mask=mask)
-    tl.store(out_t + at, tl.sum(t.to(tl.float64), axis=1), mask=mask)
+        tl.store(out_w + start // BLOCK_V, tl.sum(w.to(tl.float64), axis=1), mask=mask)
+        tl.store(out_t + start // BLOCK_V, tl.sum(t.to(tl.float64), axis=1), mask=mask)
 
 
 @triton.jit
@@ -374,8 +384,7 @@ def _tile_total(mass, n_tiles, mask, CHUNK: tl.constexpr):
     time (``_block_kernel``: 64 requests per program, too many for ``_tile_masses``' one load)."""
     total = tl.zeros(mask.shape, tl.float64)
     for c in range(0, n_tiles, CHUNK):
-        idx = c + tl.arange(0, CHUNK)[None, :]
-        total += tl.sum(tl.load(mass[:, None] + idx, mask=mask[:, None] & (idx < n_tiles), other=0.0), axis=1)
+        total += tl.sum(_tile_masses(mass + c, n_tiles - c, mask, CHUNK), axis=1)
     return total
 
 
@@ -430,6 +439,31 @@ def _draw_in_tile(
     return tl.where(token == _NO_ID, last, token).to(tl.int64)  # rounding at the tile's end
 
 
+@triton.jit
+def _draw_from_tiles(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
+    use_draft, excl, act, mass_w, mass_t, u, n_tiles, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr, NT: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Inverse CDF in two steps, one job per lane (``mass_w`` / ``mass_t``: each lane's
+    ``n_tiles`` tile masses): the tile whose running mass passes ``u * total``, then, inside
+    it, the first id whose fp64 running sum passes the same fraction of the tile's own fp64
+    sum. An empty residual draws from the target row. Returns (token int64, whether the
+    residual had weight)."""
+    tile_w = _tile_masses(mass_w, n_tiles, act, NT)
+    use_w = tl.sum(tile_w, axis=1) > 0  # else the residual is empty: fall back to the target row
+    tiles = tl.where(use_w[:, None], tile_w, _tile_masses(mass_t, n_tiles, act & ~use_w, NT))
+    threshold = u * tl.sum(tiles, axis=1)
+    if FAULT == _RESIDUAL_NOT_NORMALIZED:
+        threshold = u
+    tile, frac = _choose_tile(tiles, threshold)
+    token = _draw_in_tile(
+        t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
+        resid & use_w[:, None], use_draft, excl, (tile * BLOCK_V)[:, None], frac, HAS_DRAFT, FAULT, BLOCK_V,
+    )  # fmt: skip
+    return token, use_w
+
+
 @triton.jit(do_not_specialize=["n_jobs", "K"])
 def _pick_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_logs, d_m, d_logs, d_bad,
@@ -438,15 +472,11 @@ def _pick_kernel(
     STREAM: tl.constexpr, FINAL: tl.constexpr, GIVEN_U: tl.constexpr, HAS_DRAFT: tl.constexpr,
     NT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
-    """Inverse CDF in two steps: the tile whose running mass passes ``u * total``, then,
-    inside it, the first id whose fp64 running sum passes the same fraction of the tile's
-    own fp64 sum. An empty residual draws from the target row. ``FINAL``: write in the request's last slot, else ``out[job]``."""
+    """Each job's token (``_draw_from_tiles``). ``FINAL``: write in the request's last slot,
+    else ``out[job]``."""
     jobs, req, act, trow1, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid, use_draft, excl = _job_rows(
         job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R, FAULT
     )
-    tile_w = _tile_masses(mass_w + jobs * n_tiles, n_tiles, act, NT)
-    use_w = tl.sum(tile_w, axis=1) > 0  # else the residual is empty: fall back to the target row
-    tiles = tl.where(use_w[:, None], tile_w, _tile_masses(mass_t + jobs * n_tiles, n_tiles, act & ~use_w, NT))
     if GIVEN_U:
         u = tl.load(u_given + jobs, mask=act, other=0.5)
     else:
@@ -460,13 +490,9 @@ def _pick_kernel(
             u = _uniform(seed, pos, STREAM)
         if FAULT == _NOISE_FLOOR:
             u = ((u * 64.0).to(tl.int32).to(tl.float64) + 0.5) / 64.0
-    threshold = u * tl.sum(tiles, axis=1)
-    if FAULT == _RESIDUAL_NOT_NORMALIZED:
-        threshold = u
-    tile, frac = _choose_tile(tiles, threshold)
-    token = _draw_in_tile(
-        t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
-        resid & use_w[:, None], use_draft, excl, (tile * BLOCK_V)[:, None], frac, HAS_DRAFT, FAULT, BLOCK_V,
+    token, use_w = _draw_from_tiles(
+        t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
+        use_draft, excl, act, mass_w + jobs * n_tiles, mass_t + jobs * n_tiles, u, n_tiles, HAS_DRAFT, FAULT, NT, BLOCK_V,
     )  # fmt: skip
     if FAULT == _OOV_LANE_WINS:
         lane = tl.cdiv(V, BLOCK_V) * BLOCK_V - 1  # the last tile's last lane, padded past V
@@ -708,7 +734,7 @@ def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | Non
     return block_v, block_r, triton.cdiv(vocab, split_len), split_len
 
 
-def tile_masses_width(n_tiles: int, lanes: int, cuda: bool) -> int:
+def _tile_masses_width(n_tiles: int, lanes: int, cuda: bool) -> int:
     """``_tile_masses``' NT: a power of two >= n_tiles. On CUDA at least 128 / lanes (and 4):
     Triton 3.6 fails to lower the draw's cumulative sum over a tile smaller than a program's
     threads (an assertion in ScanOpToLLVM at [2, 2]); at one lane that is all 128 tiles of V
@@ -792,7 +818,7 @@ class _Context:
         mass_w, mass_t = self.masses(job_trow, job_req, job_rho)
         n = job_trow.numel()
         rows = min(self.block_r, max(1, (1 << 18) // triton.next_power_of_2(self.n_tiles)))  # tiny CPU tiles: [rows, NT] fits
-        nt = tile_masses_width(self.n_tiles, rows, self.dev.type == "cuda")
+        nt = _tile_masses_width(self.n_tiles, rows, self.dev.type == "cuda")
         _pick_kernel[(triton.cdiv(n, rows),)](
             *self.common, job_trow, job_req, job_rho, n, self.temperature, self.seeds, self.positions, self.drafts,
             mass_w, mass_t, mass_w if u is None else u, out, out if emitted is None else emitted, k, self.n_tiles,
