@@ -5,15 +5,17 @@ Calls ``harness.runner.run`` as ``python -m harness run`` does (one worker proce
 backend unless ``--in-process``) with the backends' ``sample`` calls timed inside the
 worker (on CUDA the device is synchronized around each call), once per mode:
 
-* pipelined (the default runner): planning, worker start-up and sampling, and evaluation overlap;
+* pipelined (the default runner): planning, worker start-up and sampling, and evaluation
+  overlap, and every backend's worker starts at once;
 * serial (``run(..., pipelined=False)``, the old order): plan every scenario, then sample
-  every scenario, then evaluate every check.
+  every scenario backend after backend, then evaluate every check.
 
-Reported per run: wall; backend (inside ``sample`` calls); sampling (the worker's sampling
-loops, backend included: inputs, tallies); planning (laws and trial counts, host float64);
-evaluation (every check); per backend, load (from its sampling's start until its first
-worker had loaded the backend: process start-up and imports); overhead = 1 - backend /
-wall. Both modes must give the same records (``same_records``). Kernels compile on a backend's first calls (Triton caches them
+Reported per run: wall; backend (the sum of the seconds inside ``sample`` calls); busy (the
+seconds during which at least one backend's call was running: with concurrent workers the
+calls overlap, and this is what the wall time is compared with); sampling (the worker's
+sampling loops, backend included: inputs, tallies); planning (laws and trial counts, host
+float64); evaluation (every check); per backend, load (from its sampling's start until its
+first worker had loaded the backend: process start-up and imports); overhead = 1 - busy / wall. Both modes must give the same records (``same_records``). Kernels compile on a backend's first calls (Triton caches them
 on disk): ``--warmup`` runs once, unreported, before the measured runs.
 
 CPU: ``python benchmarks/bench_run.py --json OUT.json`` (reference backend, ``ci``
@@ -46,14 +48,16 @@ def measure(args, scenarios, profile, pipelined: bool):
         isolate=not args.in_process, timeout=args.timeout, gpus=args.gpus, pipelined=pipelined, time_backend=True,
     )  # fmt: skip
     backend = sum(result.sample_call_seconds.values())
+    busy = busy_seconds([call for calls in result.sample_calls.values() for call in calls])
     row = {
         "mode": "pipelined" if pipelined else "serial",
         "wall_s": result.seconds,
         "backend_s": backend,
+        "busy_s": busy,
         "sampling_s": sum(result.backend_seconds.values()),
         "plan_s": result.plan_seconds,
         "evaluate_s": result.evaluate_seconds,
-        "overhead": 1 - backend / result.seconds,
+        "overhead": 1 - busy / result.seconds,
         "per_backend": {
             name: {"backend_s": result.sample_call_seconds.get(name), "sampling_s": s, "load_s": result.load_seconds.get(name)}
             for name, s in result.backend_seconds.items()
@@ -61,6 +65,16 @@ def measure(args, scenarios, profile, pipelined: bool):
         "counts": result.counts(),
     }
     return row, [r.to_dict() for r in result.records]
+
+
+def busy_seconds(calls: list[tuple[float, float]]) -> float:
+    """Length of the union of the (start, end) intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(calls):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def select(args, profile):

@@ -2,7 +2,7 @@
 
 Trial counts are fixed before sampling (the largest any planned check needs); the
 backend sees chunks of trials sized to a memory budget; only counts are kept. The stages
-overlap: a background thread plans the scenarios in order (``Plans``), each backend's
+overlap: a background thread plans the scenarios in order (``Plans``), every backend's
 worker starts at once and takes each scenario as it is planned (``Sampling``), and the
 checks of a scenario are evaluated as its tallies arrive, in catalog order. Checks are
 never retried. Holm's step-down controls the family-wise false-alarm rate of the run's
@@ -14,7 +14,7 @@ import shlex
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -47,6 +47,7 @@ class RunResult:
     evaluate_seconds: float = 0.0  # spent evaluating checks
     load_seconds: dict = field(default_factory=dict)  # backend -> seconds until its worker had loaded it
     sample_call_seconds: dict = field(default_factory=dict)  # backend -> seconds inside its sample calls (time_backend)
+    sample_calls: dict = field(default_factory=dict)  # backend -> [(start, end)] of those calls, on the machine's monotonic clock
 
     @property
     def failed(self) -> bool:
@@ -157,11 +158,12 @@ def load_for_device(name: str, device: str):
 
 
 class TimedBackend:
-    """``backend`` with the seconds spent inside its own ``sample`` calls (on CUDA the device
-    is synchronized around each call, so its kernels are counted rather than queued)."""
+    """``backend`` with the (start, end) of each of its own ``sample`` calls (on CUDA the device
+    is synchronized around each call, so its kernels are counted rather than queued). The
+    clock (``perf_counter``, monotonic) is the machine's: worker processes' calls line up."""
 
     def __init__(self, backend):
-        self._backend, self.seconds = backend, 0.0
+        self._backend, self.calls = backend, []
         self._sync = _cuda_synchronize if getattr(backend, "device", "cpu") == "cuda" else _no_sync
 
     def __getattr__(self, name):  # supports, device_batches, shared_rows, ...: the backend's own
@@ -172,7 +174,7 @@ class TimedBackend:
         t0 = time.perf_counter()
         out = self._backend.sample(batch)
         self._sync()
-        self.seconds += time.perf_counter() - t0
+        self.calls.append((t0, time.perf_counter()))
         return out
 
 
@@ -187,15 +189,15 @@ def _no_sync():
 
 
 def sample_one(backend, scenario: Scenario, profile: Profile, count: int, time_backend: bool = False) -> tuple:
-    """("tallies", tallies, seconds, seconds inside ``backend.sample`` or None) |
-    ("unsupported", reason) | ("error", message). ``time_backend``: measure the last (off
+    """("tallies", tallies, seconds, [(start, end)] of the ``backend.sample`` calls or None) |
+    ("unsupported", reason) | ("error", message). ``time_backend``: measure the calls (off
     by default: on CUDA it synchronizes around every call)."""
     try:
         templates = materialize(scenario)
         timed = TimedBackend(backend) if time_backend else None
         t0 = time.perf_counter()
         tallies = sample_scenario(timed or backend, scenario, templates, count, profile)
-        return ("tallies", tallies, time.perf_counter() - t0, timed.seconds if timed else None)
+        return ("tallies", tallies, time.perf_counter() - t0, timed.calls if timed else None)
     except Unsupported as e:
         return ("unsupported", str(e))
     except Exception as e:
@@ -365,8 +367,10 @@ def run(
     catalog order whatever the sharding, so a run's records do not depend on ``gpus``.
 
     ``pipelined`` (default): planning, the backend's loading and sampling, and evaluation
-    overlap (scenario i is evaluated while i + 1 samples and i + 2 is planned); False plans
-    everything, then samples everything, then evaluates: the same records, more wall time.
+    overlap (scenario i is evaluated while i + 1 samples and i + 2 is planned), and with
+    ``isolate`` every backend's workers start together, splitting each device's memory budget
+    (``shared_budget``); False plans everything, then samples everything backend after
+    backend, then evaluates: the same records, more wall time.
     ``time_backend``: record the seconds inside the backends' ``sample`` calls
     (``RunResult.sample_call_seconds``; on CUDA it synchronizes around each call)."""
     if gpus > 1 and not (isolate and device != "cpu"):
@@ -375,11 +379,20 @@ def run(
     result = RunResult([], profile, seed, 0.0, 0.0, scenarios={s.name: s.to_dict() for s in scenarios})
     rng = np.random.default_rng(seed)  # consumed by the checks in backend, then catalog order
     plans = Plans(scenarios, profile)
+    # Workers of every backend at once (each loads while the others sample: importing vLLM alone
+    # takes 14-18 s on a GPU machine); they share each GPU, so they share its memory budget.
+    concurrent = pipelined and isolate and len(backend_names) > 1
+    worker_profile = shared_budget(profile, len(backend_names)) if concurrent else profile
+
+    def start_sampling(name):
+        return Sampling(name, len(scenarios), plans.work, worker_profile, device, isolate, timeout, gpus, progress, time_backend)
+
+    started = [start_sampling(name) for name in backend_names] if concurrent else []
     try:
         if not pipelined:
             plans.wait()
-        for name in backend_names:
-            sampling = Sampling(name, len(scenarios), plans.work, profile, device, isolate, timeout, gpus, progress, time_backend)
+        for i, name in enumerate(backend_names):
+            sampling = started[i] if concurrent else start_sampling(name)
             try:
                 if not pipelined:
                     sampling.join()
@@ -390,11 +403,22 @@ def run(
             result.backend_environments[name] = sampling.environments[0] if sampling.environments else None
             result.load_seconds[name] = sampling.load_seconds
     finally:
+        for sampling in started:  # an exception in an earlier backend's evaluation: stop the rest too
+            sampling.stop()
         plans.cancel()
     result.family_alpha = _apply_holm(result.records, profile.alpha)
     result.plan_seconds = plans.seconds
     result.seconds = time.perf_counter() - start
     return result
+
+
+def shared_budget(profile: Profile, workers: int) -> Profile:
+    """``profile`` with its per-call logits budgets split between ``workers`` that share a device."""
+    return replace(
+        profile,
+        chunk_elements=max(1, profile.chunk_elements // workers),
+        device_chunk_elements=max(1, profile.device_chunk_elements // workers),
+    )
 
 
 def _evaluate_backend(result: RunResult, name, scenarios, plans: Plans, sampling: Sampling, rng, refs, device) -> None:
@@ -411,7 +435,8 @@ def _evaluate_backend(result: RunResult, name, scenarios, plans: Plans, sampling
         if outcome[0] == "tallies":
             elapsed += outcome[2]
             if outcome[3] is not None:
-                result.sample_call_seconds[name] = result.sample_call_seconds.get(name, 0.0) + outcome[3]
+                result.sample_calls.setdefault(name, []).extend(outcome[3])
+                result.sample_call_seconds[name] = result.sample_call_seconds.get(name, 0.0) + sum(e - s for s, e in outcome[3])
             result.trials[(name, scenario.name)] = count
             t0 = time.perf_counter()
             for check in planned:

@@ -13,6 +13,11 @@ for w in vendor/wheelhouse/*.whl vendor/suite-wheels/*.whl; do
   [ -e "$w" ] && python -m zipfile -e "$w" /tmp/vdeps
 done
 export PYTHONPATH=/tmp/vdeps SPECDEC_VLLM_SRC=$PWD/vendor/vllm-0.33.0 SPECDEC_VLLM_019_SRC=$PWD/vendor/vllm-0.19.1
+# The lent image sets PYTHONDONTWRITEBYTECODE and ships no .pyc: every process (each worker,
+# each test's subprocess) would compile torch's and vLLM's sources again, ~10 s per vLLM import.
+# An installed environment has its bytecode; a writable cache gives the same after first use.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
 step() {  # step NAME TIMEOUT CMD...: run with a time limit, log, note the exit code and seconds
   local name=$1 limit=$2; shift 2
   local start=$(date +%s)

@@ -2,6 +2,7 @@
 ones of the serial order (plan everything, sample everything, evaluate in catalog order
 with one generator)."""
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -11,6 +12,7 @@ import harness.runner as runner
 from harness.catalog import catalog
 from harness.profiles import get_profile
 from harness.runner import load_for_device, planned_trials, run, sample_scenario
+from harness.scenarios import materialize
 from suites.test_isolation import MARK
 
 PROFILE = get_profile("smoke")
@@ -127,3 +129,53 @@ def test_backend_time_is_measured_only_when_asked():
     assert plain.sample_call_seconds == {}
     assert 0 < timed.sample_call_seconds["reference"] <= timed.backend_seconds["reference"]
     assert [r.to_dict() for r in plain.records] == [r.to_dict() for r in timed.records]
+
+
+class MeetsItsPartner:
+    """The reference, but loading waits until the other backend's worker has started
+    loading too (a file each, in ``SPECDEC_TEST_MEETING``): only concurrent workers meet."""
+
+    def __init__(self):
+        import os
+        import time
+        from pathlib import Path
+
+        from reference.sampler import ReferenceSampler
+
+        folder = Path(os.environ["SPECDEC_TEST_MEETING"])
+        (folder / str(os.getpid())).touch()
+        deadline = time.monotonic() + 60
+        while len(list(folder.iterdir())) < 2:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the other backend's worker never started")
+            time.sleep(0.05)
+        self._reference = ReferenceSampler()
+
+    def sample(self, batch):
+        return self._reference.sample(batch)
+
+
+class ItsPartner(MeetsItsPartner):
+    pass
+
+
+def test_every_backends_workers_run_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_TEST_MEETING", str(tmp_path))
+    names = ["suites.test_pipeline:MeetsItsPartner", "suites.test_pipeline:ItsPartner"]
+    result = run(names, SCENARIOS[:2], PROFILE, isolate=True)
+    assert {r.verdict for r in result.records} == {"pass"}
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_a_shared_memory_budget_changes_the_calls_not_the_records():
+    """Concurrent workers split the per-call budget (more, smaller calls); trials are keyed by
+    their index, so the records equal the serial run's with the whole budget."""
+    profile = dataclasses.replace(PROFILE, chunk_elements=600)  # a few trials per call, fewer when split
+    scenario = SCENARIOS[1]
+    templates = materialize(scenario)
+    whole = runner._chunk_trials(scenario, templates, profile.chunk_elements)
+    split = runner._chunk_trials(scenario, templates, runner.shared_budget(profile, 2).chunk_elements)
+    assert split < whole
+    pipelined = run(BACKENDS, SCENARIOS, profile, seed=3, isolate=True)
+    serial = run(BACKENDS, SCENARIOS, profile, seed=3, isolate=True, pipelined=False)
+    assert [r.to_dict() for r in pipelined.records] == [r.to_dict() for r in serial.records]
