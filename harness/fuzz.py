@@ -195,6 +195,26 @@ def undefined_ratio(scenario: Scenario) -> bool:
     return False
 
 
+def draft_probability_vanishes(scenario: Scenario) -> bool:
+    """Whether a fixed standard draft has a draft probability that is 0 in float32 (below its
+    smallest normal: a top-k exact zero, or underflow at T = 1e-4) while the target gives it
+    probability > 0. The law accepts it (min(1, p / q) = 1); vLLM V1 accepts only where its
+    float32 draft_prob > 0 (pinned in ``suites/test_fuzz_backends.py``). Sampled drafts never
+    meet this: the draft model gave them probability > 0."""
+    if not scenario.draft_probs or scenario.drafts != "fixed":
+        return False
+    for t in materialize(scenario):
+        d = t.effective_drafts
+        if d == 0 or t.spec.temperature == 0 or t.spec.degenerate or t.method is not Method.STANDARD:
+            continue
+        steps = np.arange(d)
+        p = t.target_probs()[steps, t.drafts[:d]]
+        q = t.proposal_probs()[steps, t.drafts[:d]]
+        if np.any((p > 0) & (q < np.finfo(np.float32).tiny)):
+            return True
+    return False
+
+
 def support_reason(backend, scenario: Scenario) -> str | None:
     """Why ``backend`` cannot run ``scenario`` (its ``supports`` on the first trial), or None."""
     if not hasattr(backend, "supports"):

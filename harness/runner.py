@@ -11,10 +11,12 @@ never retried. Holm's step-down controls the family-wise false-alarm rate of the
 """
 
 import shlex
+import shutil
+import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -204,7 +206,7 @@ def sample_one(backend, scenario: Scenario, profile: Profile, count: int, time_b
         return ("error", "".join(traceback.format_exception_only(type(e), e)).strip())
 
 
-def _in_process(name, work, profile, device, timeout, gpu=None, time_backend=False):
+def _in_process(name, work, profile, device, timeout, gpu=None, time_backend=False, turns=None):  # turns: see Sampling
     try:
         backend = load_for_device(name, device)
     except Exception as e:  # a backend that cannot load is that backend's verdict
@@ -270,7 +272,7 @@ class Sampling:
     None when there is none (the run stops there). A load failure gives every remaining
     scenario of the shard ("load-error", why). ``gpus`` > 1: shard i % gpus on GPU i."""
 
-    def __init__(self, name, size, work, profile, device, isolate, timeout, gpus=1, progress=None, time_backend=False):
+    def __init__(self, name, size, work, profile, device, isolate, timeout, gpus=1, progress=None, time_backend=False, turns=None):
         self.outcomes: list = [None] * size
         self.environments: list = []  # one per worker (the same unless workers differ)
         self.load_seconds: float | None = None  # until the first worker had loaded the backend
@@ -280,6 +282,7 @@ class Sampling:
         self._stop = threading.Event()
         self._name, self._profile, self._device, self._timeout = name, profile, device, timeout
         self._work, self._isolate, self._progress, self._time_backend = work, isolate, progress, time_backend
+        self._turns = turns  # a folder of lock files, one per GPU, shared with other backends' workers
         shards = [list(range(g, size, gpus)) for g in range(gpus)] if gpus > 1 else [list(range(size))]
         self._threads = [
             threading.Thread(target=self._serve, args=(shard, g if gpus > 1 else None), name=f"sampling-{name}-{g}", daemon=True)
@@ -302,7 +305,7 @@ class Sampling:
         sampler = sample_isolated if self._isolate else _in_process
         try:
             items = self._items(shard)
-            stream = sampler(self._name, items, self._profile, self._device, self._timeout, gpu, self._time_backend)
+            stream = sampler(self._name, items, self._profile, self._device, self._timeout, gpu, self._time_backend, self._turns)
             pending = iter(shard)
             for scenario, outcome in stream:
                 if outcome[0] == "environment":  # what the backend loaded with, before any scenario
@@ -368,9 +371,9 @@ def run(
 
     ``pipelined`` (default): planning, the backend's loading and sampling, and evaluation
     overlap (scenario i is evaluated while i + 1 samples and i + 2 is planned), and with
-    ``isolate`` every backend's workers start together, splitting each device's memory budget
-    (``shared_budget``); False plans everything, then samples everything backend after
-    backend, then evaluates: the same records, more wall time.
+    ``isolate`` every backend's workers start together (on a GPU they sample in turns);
+    False plans everything, then samples everything backend after backend, then evaluates:
+    the same records, more wall time.
     ``time_backend``: record the seconds inside the backends' ``sample`` calls
     (``RunResult.sample_call_seconds``; on CUDA it synchronizes around each call)."""
     if gpus > 1 and not (isolate and device != "cpu"):
@@ -379,13 +382,14 @@ def run(
     result = RunResult([], profile, seed, 0.0, 0.0, scenarios={s.name: s.to_dict() for s in scenarios})
     rng = np.random.default_rng(seed)  # consumed by the checks in backend, then catalog order
     plans = Plans(scenarios, profile)
-    # Workers of every backend at once (each loads while the others sample: importing vLLM alone
-    # takes 14-18 s on a GPU machine); they share each GPU, so they share its memory budget.
+    # Workers of every backend at once: each loads while the others sample (importing vLLM
+    # alone takes 8-24 s on a GPU machine). On a GPU they take turns per scenario (a lock file
+    # per GPU), so each call has the device's memory budget and time to itself.
     concurrent = pipelined and isolate and len(backend_names) > 1
-    worker_profile = shared_budget(profile, len(backend_names)) if concurrent else profile
+    turns = tempfile.mkdtemp(prefix="specdec-gpu-turns-") if concurrent and device != "cpu" else None
 
     def start_sampling(name):
-        return Sampling(name, len(scenarios), plans.work, worker_profile, device, isolate, timeout, gpus, progress, time_backend)
+        return Sampling(name, len(scenarios), plans.work, profile, device, isolate, timeout, gpus, progress, time_backend, turns)
 
     started = [start_sampling(name) for name in backend_names] if concurrent else []
     try:
@@ -406,19 +410,12 @@ def run(
         for sampling in started:  # an exception in an earlier backend's evaluation: stop the rest too
             sampling.stop()
         plans.cancel()
+        if turns:
+            shutil.rmtree(turns, ignore_errors=True)
     result.family_alpha = _apply_holm(result.records, profile.alpha)
     result.plan_seconds = plans.seconds
     result.seconds = time.perf_counter() - start
     return result
-
-
-def shared_budget(profile: Profile, workers: int) -> Profile:
-    """``profile`` with its per-call logits budgets split between ``workers`` that share a device."""
-    return replace(
-        profile,
-        chunk_elements=max(1, profile.chunk_elements // workers),
-        device_chunk_elements=max(1, profile.device_chunk_elements // workers),
-    )
 
 
 def _evaluate_backend(result: RunResult, name, scenarios, plans: Plans, sampling: Sampling, rng, refs, device) -> None:

@@ -8,20 +8,42 @@ alone. The parent plans and evaluates the checks. A worker that dies (a CUDA fau
 segfault) or that sends nothing for ``timeout`` seconds is killed; that scenario gets an
 error record and a fresh worker takes the remaining scenarios. An import failure is the
 backend's own load verdict.
+
+Several backends' workers run at once; on a GPU they sample in turns (``device_turn``: a
+lock file per GPU, which the OS releases when a holder dies), so each scenario has the
+device to itself. A worker says when its turn starts (``TURN``): the timeout counts from there.
 """
 
+import fcntl
 import multiprocessing as mp
+import os
 import time
 from collections import deque
+from contextlib import contextmanager
 
 from harness.profiles import Profile
 from harness.scenarios import Scenario
 
 LOAD_TIMEOUT = 300.0  # importing vLLM and compiling kernels takes a while
 AHEAD = 2  # items sent before their turn: the next one waits in the pipe, so the worker never idles
+TURN = ("turn",)  # a worker's message: it now holds the device, its scenario's time starts
 
 
-def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False):
+@contextmanager
+def device_turn(turns: str | None, gpu: int | None):
+    """Hold GPU ``gpu``'s lock file in the folder ``turns`` (None: no turns to take)."""
+    if turns is None:
+        yield
+        return
+    with open(os.path.join(turns, f"gpu{gpu or 0}.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, turns=None):
     from harness.device import configure_triton, pin_gpu
 
     if gpu is not None:  # before CUDA is initialized: this worker sees one GPU
@@ -41,7 +63,11 @@ def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False):
     profile = Profile(**profile_fields)
     while (item := _next_item(conn)) is not None:
         data, count = item
-        conn.send(sample_one(backend, Scenario.from_dict(data), profile, count, time_backend))
+        with device_turn(turns, gpu):
+            if turns is not None:
+                conn.send(TURN)
+            outcome = sample_one(backend, Scenario.from_dict(data), profile, count, time_backend)
+        conn.send(outcome)
 
 
 def _next_item(conn):
@@ -58,9 +84,13 @@ def _receive(conn, proc, timeout):
     while time.monotonic() < deadline:
         if conn.poll(0.5):
             try:
-                return conn.recv()
+                message = conn.recv()
             except (EOFError, OSError):  # OSError: reset, when it died holding unread work
                 break  # the worker is gone (or going)
+            if message == TURN:  # it waited for the device until now
+                deadline = time.monotonic() + timeout
+                continue
+            return message
         if not proc.is_alive() and not conn.poll(0):
             break
     else:
@@ -82,18 +112,19 @@ def _send(conn, message) -> None:
         pass
 
 
-def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None, time_backend: bool = False):
+def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None, time_backend: bool = False, turns=None):
     """Yield (scenario, outcome) like the in-process sampler, from worker processes.
 
     ``work`` is an iterable of (scenario, trials), read lazily: a worker starts before the
     first item exists, and an item is taken (which may wait for its planning) only when the
-    worker is about to need it. ``gpu``: the index (among the visible GPUs) the workers use."""
+    worker is about to need it. ``gpu``: the index (among the visible GPUs) the workers use;
+    ``turns``: the folder of lock files the workers of several backends take turns with."""
     ctx = mp.get_context("spawn")
     items = iter(work)
     sent = deque()  # items the current worker holds, in order; a fresh worker gets them again
     while True:
         parent, child = ctx.Pipe(duplex=True)
-        args = (child, name, device, profile.__dict__, gpu, time_backend)
+        args = (child, name, device, profile.__dict__, gpu, time_backend, turns)
         proc = ctx.Process(target=_serve, args=args, daemon=True)
         proc.start()
         child.close()

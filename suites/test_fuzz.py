@@ -32,10 +32,12 @@ from harness.fuzz import (
     PLACEHOLDER_FIRST,
     ZERO_TARGET_DRAFT,
     check_example,
+    draft_probability_vanishes,
     example_profile,
     fuzz_profile,
     pin,
     scenarios,
+    undefined_ratio,
     without_mates,
 )
 from harness.profiles import get_profile
@@ -177,3 +179,26 @@ def test_the_fuzzer_finds_planted_faults(fault):
 
     found = find(scenarios(), fails, settings=settings(max_examples=SEARCH, derandomize=True, database=None, deadline=None))
     assert len(found.requests) <= 2 and max(r.num_drafts for r in found.requests) <= 3
+
+
+# The example the GPU fuzzer found for vLLM V1 (session 6): draft id 0 is outside the top-k draft.
+V1_TOPK_ZERO = {
+    "draft_probs": True, "draft_vocab_size": None, "drafts": "fixed", "dtype": "float32", "method": "standard",
+    "name": "fuzz", "positions": "random", "seed": 0, "slots": "identity", "synthetic": None, "tags": [],
+    "vocab_size": 1023,
+    "requests": [{
+        "draft": "topk", "draft_ids": [0, 0], "masked_rows": [], "method": "standard", "nan_rows": [], "num_drafts": 2,
+        "placeholder_at": None, "stationary": False, "target": "peaked", "temperature": 0.3,
+    }],
+}  # fmt: skip
+
+
+def test_draft_probability_vanishes_only_where_the_target_keeps_mass():
+    found = Scenario.from_dict(V1_TOPK_ZERO)
+    assert draft_probability_vanishes(found) and not undefined_ratio(found)
+    t = materialize(found)[0]
+    assert t.proposal_probs()[0, 0] == 0 < t.target_probs()[0, 0]
+    flat = Scenario.from_dict({**V1_TOPK_ZERO, "requests": [{**V1_TOPK_ZERO["requests"][0], "draft": "flat"}]})
+    request = {**V1_TOPK_ZERO["requests"][0], "draft_ids": None}
+    sampled = Scenario.from_dict({**V1_TOPK_ZERO, "drafts": "sampled", "requests": [request]})
+    assert not draft_probability_vanishes(flat) and not draft_probability_vanishes(sampled)

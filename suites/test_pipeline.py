@@ -2,7 +2,7 @@
 ones of the serial order (plan everything, sample everything, evaluate in catalog order
 with one generator)."""
 
-import dataclasses
+import fcntl
 import threading
 
 import numpy as np
@@ -12,7 +12,7 @@ import harness.runner as runner
 from harness.catalog import catalog
 from harness.profiles import get_profile
 from harness.runner import load_for_device, planned_trials, run, sample_scenario
-from harness.scenarios import materialize
+from harness.worker import device_turn, sample_isolated
 from suites.test_isolation import MARK
 
 PROFILE = get_profile("smoke")
@@ -167,15 +167,20 @@ def test_every_backends_workers_run_at_once(tmp_path, monkeypatch):
     assert len(list(tmp_path.iterdir())) == 2
 
 
-def test_a_shared_memory_budget_changes_the_calls_not_the_records():
-    """Concurrent workers split the per-call budget (more, smaller calls); trials are keyed by
-    their index, so the records equal the serial run's with the whole budget."""
-    profile = dataclasses.replace(PROFILE, chunk_elements=600)  # a few trials per call, fewer when split
-    scenario = SCENARIOS[1]
-    templates = materialize(scenario)
-    whole = runner._chunk_trials(scenario, templates, profile.chunk_elements)
-    split = runner._chunk_trials(scenario, templates, runner.shared_budget(profile, 2).chunk_elements)
-    assert split < whole
-    pipelined = run(BACKENDS, SCENARIOS, profile, seed=3, isolate=True)
-    serial = run(BACKENDS, SCENARIOS, profile, seed=3, isolate=True, pipelined=False)
-    assert [r.to_dict() for r in pipelined.records] == [r.to_dict() for r in serial.records]
+def test_a_device_turn_excludes_other_holders_until_released(tmp_path):
+    """Workers of several backends on one GPU sample in turns (``harness.worker.device_turn``)."""
+    lock = tmp_path / "gpu0.lock"
+    with device_turn(str(tmp_path), None):
+        with open(lock, "a") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(lock, "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+    with device_turn(None, None):
+        pass  # no turns to take: nothing to hold
+
+
+def test_a_worker_taking_turns_delivers_every_outcome(tmp_path):
+    """Its turn message (``harness.worker.TURN``) restarts the timeout; it is not an outcome."""
+    work = [(s, 50) for s in SCENARIOS[:2]]
+    stream = sample_isolated("reference", iter(work), PROFILE, "cpu", 120, None, False, str(tmp_path))
+    assert [outcome[0] for _, outcome in stream] == ["environment", "tallies", "tallies"]
