@@ -64,6 +64,9 @@ def measure(args, scenarios, profile, pipelined: bool):
         },
         "counts": result.counts(),
     }
+    for r in result.records:
+        if r.verdict == "error":  # a worker's error is the run's to explain, not a timing
+            print(f"error: {r.backend} {r.scenario}: {r.message[:500]}", file=sys.stderr, flush=True)
     return row, [r.to_dict() for r in result.records]
 
 

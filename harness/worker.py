@@ -67,7 +67,16 @@ def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, tur
             if turns is not None:
                 conn.send(TURN)
             outcome = sample_one(backend, Scenario.from_dict(data), profile, count, time_backend)
+            if turns is not None and device != "cpu":
+                _return_cached_memory()  # the next worker's turn needs the GPU's memory
         conn.send(outcome)
+
+
+def _return_cached_memory():
+    """Hand the blocks torch's caching allocator keeps back to the device."""
+    import torch
+
+    torch.cuda.empty_cache()
 
 
 def _next_item(conn):
