@@ -172,6 +172,19 @@ def fuzz_profile(tv: float) -> Profile:
     return dataclasses.replace(get_profile("smoke"), tv=tv)
 
 
+def _fixed_draft_probabilities(scenario: Scenario):
+    """(method, p(x_k), q(x_k)) over the drafts of every template where a fixed draft's
+    acceptance ratio p / q decides (standard and block, T > 0, not degenerate)."""
+    if not scenario.draft_probs or scenario.drafts != "fixed":
+        return
+    for t in materialize(scenario):
+        d = t.effective_drafts
+        if d == 0 or t.spec.temperature == 0 or t.spec.degenerate or t.method not in (Method.STANDARD, Method.BLOCK):
+            continue
+        steps = np.arange(d)
+        yield t.method, t.target_probs()[steps, t.drafts[:d]], t.proposal_probs()[steps, t.drafts[:d]]
+
+
 def undefined_ratio(scenario: Scenario) -> bool:
     """Whether a fixed draft meets an acceptance ratio the reference's float64 probabilities
     leave undefined: a draft whose visible draft probability is 0 while its target
@@ -179,18 +192,11 @@ def undefined_ratio(scenario: Scenario) -> bool:
     Exact zeros (-inf logits) and underflow (T = 1e-4) alike: the reference rejects, while
     samplers that take ratios in log space see a finite ratio (or a NaN) there. The
     disagreements found are pinned in ``suites/test_fuzz_backends.py``."""
-    if not scenario.draft_probs or scenario.drafts != "fixed":
-        return False
-    for t in materialize(scenario):
-        d = t.effective_drafts
-        if d == 0 or t.spec.temperature == 0 or t.spec.degenerate or t.method not in (Method.STANDARD, Method.BLOCK):
-            continue
-        steps = np.arange(d)
-        p_zero = t.target_probs()[steps, t.drafts[:d]] == 0
-        q_zero = t.proposal_probs()[steps, t.drafts[:d]] == 0
-        if t.method is Method.BLOCK:
+    for method, p, q in _fixed_draft_probabilities(scenario):
+        p_zero = p == 0
+        if method is Method.BLOCK:
             p_zero = np.cumsum(p_zero) > 0  # the running ratio is 0 from the first one on
-        if np.any(p_zero & q_zero):
+        if np.any(p_zero & (q == 0)):
             return True
     return False
 
@@ -201,18 +207,10 @@ def draft_probability_vanishes(scenario: Scenario) -> bool:
     probability > 0. The law accepts it (min(1, p / q) = 1); vLLM V1 accepts only where its
     float32 draft_prob > 0 (pinned in ``suites/test_fuzz_backends.py``). Sampled drafts never
     meet this: the draft model gave them probability > 0."""
-    if not scenario.draft_probs or scenario.drafts != "fixed":
-        return False
-    for t in materialize(scenario):
-        d = t.effective_drafts
-        if d == 0 or t.spec.temperature == 0 or t.spec.degenerate or t.method is not Method.STANDARD:
-            continue
-        steps = np.arange(d)
-        p = t.target_probs()[steps, t.drafts[:d]]
-        q = t.proposal_probs()[steps, t.drafts[:d]]
-        if np.any((p > 0) & (q < np.finfo(np.float32).tiny)):
-            return True
-    return False
+    return any(
+        method is Method.STANDARD and np.any((p > 0) & (q < np.finfo(np.float32).tiny))
+        for method, p, q in _fixed_draft_probabilities(scenario)
+    )
 
 
 def support_reason(backend, scenario: Scenario) -> str | None:

@@ -48,8 +48,12 @@ class RunResult:
     plan_seconds: float = 0.0  # spent planning (laws and trial counts), in a background thread when pipelined
     evaluate_seconds: float = 0.0  # spent evaluating checks
     load_seconds: dict = field(default_factory=dict)  # backend -> seconds until its worker had loaded it
-    sample_call_seconds: dict = field(default_factory=dict)  # backend -> seconds inside its sample calls (time_backend)
-    sample_calls: dict = field(default_factory=dict)  # backend -> [(start, end)] of those calls, on the machine's monotonic clock
+    sample_calls: dict = field(default_factory=dict)  # backend -> [(start, end)] of its sample calls (time_backend), monotonic clock
+
+    @property
+    def sample_call_seconds(self) -> dict:
+        """backend -> seconds inside its ``sample`` calls (``time_backend``)."""
+        return {name: sum(end - start for start, end in calls) for name, calls in self.sample_calls.items()}
 
     @property
     def failed(self) -> bool:
@@ -433,7 +437,6 @@ def _evaluate_backend(result: RunResult, name, scenarios, plans: Plans, sampling
             elapsed += outcome[2]
             if outcome[3] is not None:
                 result.sample_calls.setdefault(name, []).extend(outcome[3])
-                result.sample_call_seconds[name] = result.sample_call_seconds.get(name, 0.0) + sum(e - s for s, e in outcome[3])
             result.trials[(name, scenario.name)] = count
             t0 = time.perf_counter()
             for check in planned:
