@@ -11,10 +11,10 @@ import os
 
 import pytest
 
-from harness.device import configure_triton, pin_xdist_worker_gpu
+from harness.device import configure_triton, pin_xdist_worker_gpu, share_gpu_memory
 
-# `pytest -m gpu -n N` on a machine with several GPUs: one GPU per xdist worker, chosen
-# before anything initializes CUDA.
+# `pytest -m gpu -n N`: xdist worker I uses GPU I mod #GPUs, chosen before anything
+# initializes CUDA; workers sharing a GPU split its memory (``share_gpu_memory``).
 pin_xdist_worker_gpu()
 # The Triton interpreter must be chosen before any @triton.jit runs: CPU-only machines
 # run Triton kernels under TRITON_INTERPRET=1, GPU machines compile them.
@@ -29,6 +29,10 @@ def pytest_addoption(parser):
     group.addoption("--profile", default="ci", help="profile for --backend runs (default: ci)")
     group.addoption("--run-seed", type=int, default=0, help="seed for --backend runs (default: 0)")
     group.addoption("--vllm-src", default=None, help="verify the vLLM in this python-only source tree (default: the installed vLLM)")
+
+
+def pytest_sessionstart(session):
+    share_gpu_memory()
 
 
 def pytest_configure(config):

@@ -33,11 +33,38 @@ def pin_gpu(index: int) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
 
 
+SHARERS_ENV = "SPECDEC_GPU_SHARERS"  # processes sampling on this process's GPU at once
+
+
 def pin_xdist_worker_gpu() -> None:
-    """``pytest -n N``: xdist worker ``gwI`` uses GPU ``I mod #GPUs``, one GPU per worker."""
+    """``pytest -n N``: xdist worker ``gwI`` uses GPU ``I mod #GPUs``; with more workers than
+    GPUs, the workers of a GPU share it (``gpu_sharers``)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw") and worker[2:].isdigit() and len(visible_gpus()) > 1:
-        pin_gpu(int(worker[2:]))
+    if not (worker.startswith("gw") and worker[2:].isdigit()):
+        return
+    index, gpus = int(worker[2:]), len(visible_gpus())
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", index + 1))
+    if gpus > 1:
+        pin_gpu(index)
+    if gpus:
+        os.environ[SHARERS_ENV] = str(len(range(index % gpus, workers, gpus)))
+
+
+def gpu_sharers() -> int:
+    """How many processes use this process's GPU at once (1 unless ``pin_xdist_worker_gpu``
+    put several xdist workers on it)."""
+    return max(1, int(os.environ.get(SHARERS_ENV, "1")))
+
+
+def share_gpu_memory() -> None:
+    """Cap this process's share of its GPU's memory when others use it at once: past the cap
+    torch's caching allocator returns its cached blocks and retries instead of keeping them
+    from the other workers. Each call's budget is divided as well
+    (``runner.device_chunk_elements``)."""
+    if gpu_sharers() > 1 and cuda_available():
+        import torch
+
+        torch.cuda.set_per_process_memory_fraction(0.95 / gpu_sharers())
 
 
 def configure_triton() -> None:

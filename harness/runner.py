@@ -22,6 +22,7 @@ import numpy as np
 
 from harness import checks as checks_mod
 from harness.backends import load_backend
+from harness.device import gpu_sharers
 from harness.profiles import Profile, get_profile
 from harness.protocol import as_numpy_outputs, checked_outputs
 from harness.records import CheckRecord
@@ -117,6 +118,12 @@ def _chunk_trials(scenario: Scenario, templates, elements: int, row_elements: in
     return max(1, elements // per_trial)
 
 
+def device_chunk_elements(profile: Profile) -> int:
+    """The profile's per-call logits budget on a GPU, divided between the processes that
+    use the GPU at once (``pytest -n N`` with more workers than GPUs)."""
+    return profile.device_chunk_elements // gpu_sharers()
+
+
 def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile) -> list[TemplateTally]:
     """Inputs built and outputs tallied on the backend's device (``harness.device_trials``)."""
     from harness.device_tally import DeviceTally
@@ -126,7 +133,7 @@ def _sample_on_device(backend, scenario: Scenario, templates, count: int, profil
     built = DeviceTrials(scenario, templates, device, share_rows=getattr(backend, "shared_rows", False))
     built.prepare(count)
     tally = DeviceTally([t.effective_drafts for t in templates], scenario.vocab_size, count, scenario.max_drafts, device)
-    budget = profile.chunk_elements if device == "cpu" else profile.device_chunk_elements
+    budget = profile.chunk_elements if device == "cpu" else device_chunk_elements(profile)
     views = built.shared_target and (built.shared_draft or not scenario.draft_probs)
     chunk = min(_chunk_trials(scenario, templates, budget, VIEW_ROW_ELEMENTS if views else None), count)
     done = 0

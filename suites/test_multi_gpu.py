@@ -5,7 +5,13 @@ import pytest
 from harness import device
 from harness.catalog import catalog
 from harness.profiles import get_profile
-from harness.runner import _sample_backend, planned_trials, run
+from harness.runner import _sample_backend, device_chunk_elements, planned_trials, run
+
+
+@pytest.fixture(autouse=True)
+def _restore_sharers(monkeypatch):
+    """``pin_xdist_worker_gpu`` writes the sharer count into the environment: undone after each test."""
+    monkeypatch.setenv(device.SHARERS_ENV, "1")
 
 
 def test_each_xdist_worker_gets_one_of_the_visible_gpus(monkeypatch):
@@ -20,6 +26,35 @@ def test_a_single_gpu_is_left_alone(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
     device.pin_xdist_worker_gpu()
     assert device.visible_gpus() == ["7"]
+
+
+@pytest.mark.parametrize(
+    "gpus,workers,worker,pinned,sharers",
+    [
+        ("7", 4, "gw3", "7", 4),  # four workers on one GPU
+        ("3,5", 3, "gw0", "3", 2),  # gw0 and gw2 on GPU 3
+        ("3,5", 3, "gw1", "5", 1),
+        ("3,5", 3, "gw2", "3", 2),
+    ],
+)
+def test_workers_sharing_a_gpu_split_its_memory_budget(monkeypatch, gpus, workers, worker, pinned, sharers):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+    device.pin_xdist_worker_gpu()
+    assert device.visible_gpus() == [pinned]
+    assert device.gpu_sharers() == sharers
+    profile = get_profile("gpu")
+    assert device_chunk_elements(profile) == profile.device_chunk_elements // sharers
+
+
+def test_without_a_gpu_a_worker_shares_nothing(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    monkeypatch.delenv(device.SHARERS_ENV)
+    device.pin_xdist_worker_gpu()
+    assert device.gpu_sharers() == 1
 
 
 def test_sharded_sampling_returns_every_outcome_in_catalog_order():

@@ -1,0 +1,133 @@
+"""Where a run's sampling loop spends its time outside the backend's calls (issue 8): every
+phase of ``runner.sample_scenario`` timed per scenario, the device synchronized around each.
+
+Wraps the loop's steps in place (no copy of the loop): the probe batch and ``supports``,
+``DeviceTrials`` (construction, ``prepare``, ``chunk``), the backend's ``sample`` and
+``DeviceTally`` (construction, ``add``, ``finish``). In process, after one unreported pass
+over the catalog (kernels compiled, CUDA modules loaded). Synchronizing around every phase
+adds a little time of its own; the totals are also given from a pass without it.
+
+GPU machine: ``python benchmarks/profile_loop.py --device cuda --backend triton --json OUT.json``.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness.device import configure_triton  # noqa: E402
+
+configure_triton()  # before any backend module defines a @triton.jit kernel
+
+from harness import device_tally, device_trials, runner  # noqa: E402
+from harness.catalog import catalog  # noqa: E402
+from harness.environment import describe  # noqa: E402
+from harness.profiles import get_profile  # noqa: E402
+
+
+class Phases:
+    """Seconds per named phase, the device synchronized before and after each."""
+
+    def __init__(self, sync):
+        self.sync, self.seconds, self.depth = sync, defaultdict(float), 0
+
+    def wrap(self, name, fn):
+        def timed(*args, **kwargs):
+            if self.depth:  # a phase inside another is the outer one's
+                return fn(*args, **kwargs)
+            self.depth += 1
+            self.sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.sync()
+                self.seconds[name] += time.perf_counter() - t0
+                self.depth -= 1
+
+        return timed
+
+
+def instrument(phases: Phases, backend):
+    """Wrap the loop's steps where ``runner`` looks them up; return the wrapped backend."""
+    runner.trials = phases.wrap("probe batch", runner.trials)
+    for cls, names in (
+        (device_trials.DeviceTrials, ("__init__", "prepare", "chunk")),
+        (device_tally.DeviceTally, ("__init__", "add", "finish")),
+    ):
+        for name in names:
+            setattr(cls, name, phases.wrap(f"{cls.__name__}.{name.strip('_')}", getattr(cls, name)))
+
+    class Wrapped:
+        def __getattr__(self, name):
+            return getattr(backend, name)
+
+    wrapped = Wrapped()
+    wrapped.sample = phases.wrap("backend.sample", backend.sample)
+    if hasattr(backend, "supports"):
+        wrapped.supports = phases.wrap("backend.supports", backend.supports)
+    return wrapped
+
+
+def one_pass(backend, planned, profile):
+    per_scenario = []
+    for s, templates, count in planned:
+        t0 = time.perf_counter()
+        try:
+            runner.sample_scenario(backend, s, templates, count, profile)
+            status = "sampled"
+        except runner.Unsupported:
+            status = "unsupported"
+        per_scenario.append({"scenario": s.name, "trials": count, "status": status, "seconds": time.perf_counter() - t0})
+    return per_scenario
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--profile", default="gpu")
+    ap.add_argument("--scenario", action="append", help="only these catalog scenarios (repeatable)")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args()
+    profile = get_profile(args.profile)
+    backend = runner.load_for_device(args.backend, args.device)
+    sync = runner._cuda_synchronize if args.device == "cuda" else runner._no_sync
+    planned = []
+    for s in catalog(profile):
+        if args.scenario and s.name not in args.scenario:
+            continue
+        templates, _, count = runner.planned_trials(s, profile)
+        planned.append((s, templates, count))
+    one_pass(backend, planned, profile)  # compiles, module loading
+    timed = runner.TimedBackend(backend)
+    plain = one_pass(timed, planned, profile)
+    phases = Phases(sync)
+    per_scenario = one_pass(instrument(phases, backend), planned, profile)
+    sampled = [r for r in plain if r["status"] == "sampled"]
+    loop = sum(r["seconds"] for r in plain)
+    calls = sum(end - start for start, end in timed.calls)
+    result = {
+        "command": " ".join(sys.argv),
+        "environment": describe(),
+        "backend": args.backend,
+        "profile": args.profile,
+        "scenarios": len(plain),
+        "sampled": len(sampled),
+        "unsynchronized": {"loop_s": loop, "backend_calls_s": calls, "outside_calls_s": loop - calls, "calls": len(timed.calls)},
+        "phases_s": dict(sorted(phases.seconds.items(), key=lambda kv: -kv[1])),
+        "synchronized_loop_s": sum(r["seconds"] for r in per_scenario),
+        "per_scenario": per_scenario,
+    }
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("per_scenario", "environment")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
