@@ -5,9 +5,10 @@ Wraps the loop's steps in place (no copy of the loop): the probe batch and ``sup
 ``DeviceTrials`` (construction, ``prepare``, ``chunk``), the backend's ``sample`` and
 ``DeviceTally`` (construction, ``add``, ``finish``). In process, after one unreported pass
 over the catalog (kernels compiled, CUDA modules loaded). Synchronizing around every phase
-adds a little time of its own; the totals are also given from a pass without it.
+adds a little time of its own: the totals (``calls_timed``) come from a pass synchronized
+around the backend's calls only, as ``bench_run`` times them.
 
-GPU machine: ``python benchmarks/profile_loop.py --device cuda --backend triton --json OUT.json``.
+GPU machine: ``python benchmarks/profile_loop.py --backend triton --json OUT.json``.
 """
 
 import argparse
@@ -15,7 +16,6 @@ import json
 import os
 import sys
 import time
-from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,54 +23,23 @@ from harness.device import configure_triton  # noqa: E402
 
 configure_triton()  # before any backend module defines a @triton.jit kernel
 
-from harness import device_tally, device_trials, runner  # noqa: E402
+from benchmarks.bench_verdict import LoopParts  # noqa: E402
+from harness import runner  # noqa: E402
 from harness.catalog import catalog  # noqa: E402
+from harness.device_tally import DeviceTally  # noqa: E402
+from harness.device_trials import DeviceTrials  # noqa: E402
 from harness.environment import describe  # noqa: E402
 from harness.profiles import get_profile  # noqa: E402
 
 
-class Phases:
-    """Seconds per named phase, the device synchronized before and after each."""
-
-    def __init__(self, sync):
-        self.sync, self.seconds, self.depth = sync, defaultdict(float), 0
-
-    def wrap(self, name, fn):
-        def timed(*args, **kwargs):
-            if self.depth:  # a phase inside another is the outer one's
-                return fn(*args, **kwargs)
-            self.depth += 1
-            self.sync()
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.sync()
-                self.seconds[name] += time.perf_counter() - t0
-                self.depth -= 1
-
-        return timed
-
-
-def instrument(phases: Phases, backend):
-    """Wrap the loop's steps where ``runner`` looks them up; return the wrapped backend."""
-    runner.trials = phases.wrap("probe batch", runner.trials)
-    for cls, names in (
-        (device_trials.DeviceTrials, ("__init__", "prepare", "chunk")),
-        (device_tally.DeviceTally, ("__init__", "add", "finish")),
-    ):
-        for name in names:
-            setattr(cls, name, phases.wrap(f"{cls.__name__}.{name.strip('_')}", getattr(cls, name)))
-
-    class Wrapped:
-        def __getattr__(self, name):
-            return getattr(backend, name)
-
-    wrapped = Wrapped()
-    wrapped.sample = phases.wrap("backend.sample", backend.sample)
+def phases(backend) -> type[LoopParts]:
+    """``bench_verdict.LoopParts`` split finer: each step of the loop, the backend's calls too."""
+    steps = {"probe batch": (runner, ("trials",)), "backend.sample": (backend, ("sample",))}
     if hasattr(backend, "supports"):
-        wrapped.supports = phases.wrap("backend.supports", backend.supports)
-    return wrapped
+        steps["backend.supports"] = (backend, ("supports",))
+    for cls, names in ((DeviceTrials, ("__init__", "prepare", "chunk")), (DeviceTally, ("__init__", "add", "finish"))):
+        steps |= {f"{cls.__name__}.{name.strip('_')}": (cls, (name,)) for name in names}
+    return type("Phases", (LoopParts,), {"PARTS": steps})
 
 
 def one_pass(backend, planned, profile):
@@ -89,14 +58,12 @@ def one_pass(backend, planned, profile):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="triton")
-    ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", default="gpu")
     ap.add_argument("--scenario", action="append", help="only these catalog scenarios (repeatable)")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     profile = get_profile(args.profile)
-    backend = runner.load_for_device(args.backend, args.device)
-    sync = runner._cuda_synchronize if args.device == "cuda" else runner._no_sync
+    backend = runner.load_for_device(args.backend, "cuda")
     planned = []
     for s in catalog(profile):
         if args.scenario and s.name not in args.scenario:
@@ -106,8 +73,8 @@ def main() -> int:
     one_pass(backend, planned, profile)  # compiles, module loading
     timed = runner.TimedBackend(backend)
     plain = one_pass(timed, planned, profile)
-    phases = Phases(sync)
-    per_scenario = one_pass(instrument(phases, backend), planned, profile)
+    with phases(backend)() as timed_phases:
+        per_scenario = one_pass(backend, planned, profile)
     sampled = [r for r in plain if r["status"] == "sampled"]
     loop = sum(r["seconds"] for r in plain)
     calls = sum(end - start for start, end in timed.calls)
@@ -118,8 +85,8 @@ def main() -> int:
         "profile": args.profile,
         "scenarios": len(plain),
         "sampled": len(sampled),
-        "unsynchronized": {"loop_s": loop, "backend_calls_s": calls, "outside_calls_s": loop - calls, "calls": len(timed.calls)},
-        "phases_s": dict(sorted(phases.seconds.items(), key=lambda kv: -kv[1])),
+        "calls_timed": {"loop_s": loop, "backend_calls_s": calls, "outside_calls_s": loop - calls, "calls": len(timed.calls)},
+        "phases_s": dict(sorted(timed_phases.seconds.items(), key=lambda kv: -kv[1])),
         "synchronized_loop_s": sum(r["seconds"] for r in per_scenario),
         "per_scenario": per_scenario,
     }

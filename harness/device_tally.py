@@ -6,6 +6,7 @@ to host ``TemplateTally``s. Same validity rules as ``harness.tally`` (a trial is
 it emitted 1..d_eff + 1 tokens, all in the vocabulary, with the drafts as its prefix).
 """
 
+import numpy as np
 import torch
 
 from harness.tally import TemplateTally
@@ -27,42 +28,49 @@ class DeviceTally:
         self.filled = max(self.filled, first_trial + count)
 
     def finish(self, drafts: torch.Tensor) -> list[TemplateTally]:
-        """Counts of trials [0, filled), whose drafts are ``drafts [trials, T, K]``."""
-        n = self.filled
-        return [self._tally(i, d, self.tokens[:n, i], self.emitted[:n, i], drafts[:n, i]) for i, d in enumerate(self.effective)]
-
-    def _tally(self, i, d, tok, num, drafts) -> TemplateTally:
-        vocab, dev = self.vocab, tok.device
-        count, width = tok.shape
-        tally = TemplateTally(d, vocab)
-        slot = torch.arange(width, device=dev)[None]
-        expected = torch.cat([drafts, torch.full((count, 1), -2, dtype=torch.int64, device=dev)], dim=1)
-        in_vocab = torch.where(slot < num[:, None], (tok >= 0) & (tok < vocab), True).all(dim=1)
-        prefix = torch.where(slot < (num - 1)[:, None], tok == expected, True).all(dim=1)
-        ok = (num >= 1) & (num <= d + 1) & in_vocab & prefix
-        tally.trials = count
-        tally.violations = int((~ok).sum())
-        if tally.violations:
-            j = int(torch.nonzero(~ok)[0, 0])
-            tally.example = {
-                "trial": j,
-                "num_emitted": int(num[j]),
-                "tokens": tok[j].tolist(),
-                "drafts": drafts[j].tolist(),
-                "max_emitted": d + 1,
-            }
-        # Invalid trials and unused slots fall into one extra "dump" bin, dropped at the end.
-        n = torch.where(ok, num - 1, 0)
-        y = tok.gather(1, n[:, None]).squeeze(1)
-        cells = (d + 1) * vocab
-        outcome = torch.bincount(torch.where(ok, n * vocab + y, cells), minlength=cells + 1)[:-1]
+        """Counts of trials [0, filled), whose drafts are ``drafts [trials, T, K]``: every
+        template in one pass, and one copy to the host (a scenario's few dozen launches and
+        one synchronization, whatever its number of templates)."""
+        n, vocab, width = self.filled, self.vocab, self.k + 1
+        tok, num, drafts = self.tokens[:n], self.emitted[:n], drafts[:n]
+        # Every template's cells in one count: its outcomes [(d+1), V] then, after all
+        # outcomes, its steps [(d+1), 2, V]; invalid trials and unused slots fall into one extra
+        # "dump" bin, dropped at the end. Offsets computed here: reading them back would synchronize.
+        sizes = [(e + 1) * vocab for e in self.effective]
+        outcome_at = np.cumsum([0] + sizes[:-1])
+        steps_at = sum(sizes) + 2 * outcome_at
+        cells = 3 * sum(sizes)
+        d, outcome_at_d, steps_at_d = torch.tensor(np.stack([self.effective, outcome_at, steps_at]), device=tok.device)
+        slot = torch.arange(width, device=tok.device)
+        expected = torch.cat([drafts, torch.full_like(drafts[..., :1], -2)], dim=2)
+        in_vocab = torch.where(slot < num[..., None], (tok >= 0) & (tok < vocab), True).all(dim=2)
+        prefix = torch.where(slot < (num - 1)[..., None], tok == expected, True).all(dim=2)
+        ok = (num >= 1) & (num <= d + 1) & in_vocab & prefix  # [n, T]
+        last = torch.where(ok, num - 1, 0)
+        y = tok.gather(2, last[..., None]).squeeze(2)
+        outcome = torch.where(ok, outcome_at_d + last * vocab + y, cells)
         # Steps: (j, accepted, draft j) for every j < n, then (n, rejected-or-bonus, y).
-        steps = torch.arange(d + 1, device=dev)[None]
-        cells = (d + 1) * 2 * vocab
-        draft_j = torch.cat([drafts[:, :d], torch.zeros((count, 1), dtype=torch.int64, device=dev)], dim=1)
-        accepted = torch.where(ok[:, None] & (steps < n[:, None]), steps * 2 * vocab + draft_j.clamp(min=0), cells)
-        last = torch.where(ok, (n * 2 + 1) * vocab + y, cells)
-        counts = torch.bincount(torch.cat([accepted.reshape(-1), last]), minlength=cells + 1)[:-1]
-        tally.outcome = outcome.view(d + 1, vocab).cpu().numpy()
-        tally.steps = counts.view(d + 1, 2, vocab).cpu().numpy()
-        return tally
+        draft_j = torch.cat([drafts, torch.zeros_like(drafts[..., :1])], dim=2).clamp(min=0)
+        accepted = torch.where(ok[..., None] & (slot < last[..., None]), steps_at_d[:, None] + slot * 2 * vocab + draft_j, cells)
+        final = torch.where(ok, steps_at_d + (last * 2 + 1) * vocab + y, cells)
+        counts = torch.bincount(torch.cat([outcome.reshape(-1), accepted.reshape(-1), final.reshape(-1)]), minlength=cells + 1)
+        host = torch.cat([counts[:-1], (~ok).sum(dim=0)]).cpu().numpy()
+        violations = host[cells:]
+        tallies = []
+        for i, e in enumerate(self.effective):
+            tally = TemplateTally(e, vocab)
+            tally.trials, tally.violations = n, int(violations[i])
+            at, size = outcome_at[i], sizes[i]
+            tally.outcome = host[at : at + size].reshape(e + 1, vocab)
+            tally.steps = host[steps_at[i] : steps_at[i] + 2 * size].reshape(e + 1, 2, vocab)
+            if tally.violations:
+                j = int(torch.nonzero(~ok[:, i])[0, 0])
+                tally.example = {
+                    "trial": j,
+                    "num_emitted": int(num[j, i]),
+                    "tokens": tok[j, i].tolist(),
+                    "drafts": drafts[j, i].tolist(),
+                    "max_emitted": e + 1,
+                }
+            tallies.append(tally)
+        return tallies
