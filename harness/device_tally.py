@@ -29,30 +29,30 @@ class DeviceTally:
 
     def finish(self, drafts: torch.Tensor) -> list[TemplateTally]:
         """Counts of trials [0, filled), whose drafts are ``drafts [trials, T, K]``: every
-        template in one pass, and one copy to the host (a scenario's few dozen launches and
-        one synchronization, whatever its number of templates)."""
+        template in one pass, one copy of the offsets in and one of the counts out, whatever
+        the number of templates (was: a pass, two copies and a sum read back per template)."""
         n, vocab, width = self.filled, self.vocab, self.k + 1
         tok, num, drafts = self.tokens[:n], self.emitted[:n], drafts[:n]
         # Every template's cells in one count: its outcomes [(d+1), V] then, after all
         # outcomes, its steps [(d+1), 2, V]; invalid trials and unused slots fall into one extra
-        # "dump" bin, dropped at the end. Offsets computed here: reading them back would synchronize.
+        # "dump" bin, dropped at the end. Offsets computed on the host: they are needed there too.
         sizes = [(e + 1) * vocab for e in self.effective]
         outcome_at = np.cumsum([0] + sizes[:-1])
         steps_at = sum(sizes) + 2 * outcome_at
         cells = 3 * sum(sizes)
-        d, outcome_at_d, steps_at_d = torch.tensor(np.stack([self.effective, outcome_at, steps_at]), device=tok.device)
+        d_dev, outcome_at_dev, steps_at_dev = torch.tensor(np.stack([self.effective, outcome_at, steps_at]), device=tok.device)
         slot = torch.arange(width, device=tok.device)
         expected = torch.cat([drafts, torch.full_like(drafts[..., :1], -2)], dim=2)
         in_vocab = torch.where(slot < num[..., None], (tok >= 0) & (tok < vocab), True).all(dim=2)
         prefix = torch.where(slot < (num - 1)[..., None], tok == expected, True).all(dim=2)
-        ok = (num >= 1) & (num <= d + 1) & in_vocab & prefix  # [n, T]
+        ok = (num >= 1) & (num <= d_dev + 1) & in_vocab & prefix  # [n, T]
         last = torch.where(ok, num - 1, 0)
         y = tok.gather(2, last[..., None]).squeeze(2)
-        outcome = torch.where(ok, outcome_at_d + last * vocab + y, cells)
-        # Steps: (j, accepted, draft j) for every j < n, then (n, rejected-or-bonus, y).
+        outcome = torch.where(ok, outcome_at_dev + last * vocab + y, cells)
+        # Steps: (j, accepted, draft j) for every j < last, then (last, rejected-or-bonus, y).
         draft_j = torch.cat([drafts, torch.zeros_like(drafts[..., :1])], dim=2).clamp(min=0)
-        accepted = torch.where(ok[..., None] & (slot < last[..., None]), steps_at_d[:, None] + slot * 2 * vocab + draft_j, cells)
-        final = torch.where(ok, steps_at_d + (last * 2 + 1) * vocab + y, cells)
+        accepted = torch.where(ok[..., None] & (slot < last[..., None]), steps_at_dev[:, None] + slot * 2 * vocab + draft_j, cells)
+        final = torch.where(ok, steps_at_dev + (last * 2 + 1) * vocab + y, cells)
         counts = torch.bincount(torch.cat([outcome.reshape(-1), accepted.reshape(-1), final.reshape(-1)]), minlength=cells + 1)
         host = torch.cat([counts[:-1], (~ok).sum(dim=0)]).cpu().numpy()
         violations = host[cells:]

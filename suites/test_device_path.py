@@ -59,8 +59,10 @@ def test_device_batches_equal_host_batches(name):
         built.chunk(1005, 5)
 
 
-def test_device_tally_equals_host_tally_including_violations():
-    s = SCENARIOS["standard-near-target"]
+# Effective drafts per template: [1, 3, 4]; [0, 1, 3, 4]; [0, 0, 2] (templates without drafts, d < K).
+@pytest.mark.parametrize("name", ["standard-near-target", "greedy-ragged", "standard-zero-drafts"])
+def test_device_tally_equals_host_tally_including_violations(name):
+    s = SCENARIOS[name]
     templates = materialize(s)
     count, t_count, k, vocab = 400, len(templates), s.max_drafts, s.vocab_size
     host_batch = trials(s, templates, 0, count)
@@ -81,6 +83,17 @@ def test_device_tally_equals_host_tally_including_violations():
     for h, d in zip(host, dev.finish(torch.from_numpy(host_batch.drafts))):
         assert h.violations > 0 and (h.trials, h.violations, h.example) == (d.trials, d.violations, d.example)
         assert np.array_equal(h.outcome, d.outcome) and np.array_equal(h.steps, d.steps)
+
+
+def test_device_tally_of_no_trials_is_empty():
+    s = SCENARIOS["greedy-ragged"]
+    templates = materialize(s)
+    effective = [t.effective_drafts for t in templates]
+    tallies = DeviceTally(effective, s.vocab_size, 0, s.max_drafts, "cpu").finish(
+        torch.zeros((0, len(templates), s.max_drafts), dtype=torch.int64)
+    )
+    assert [(t.trials, t.violations, t.outcome.sum(), t.steps.sum()) for t in tallies] == [(0, 0, 0, 0)] * len(templates)
+    assert [t.outcome.shape for t in tallies] == [(d + 1, s.vocab_size) for d in effective]
 
 
 def _stationary(dtype="float32", temperature=1.0, method="standard"):

@@ -1,5 +1,7 @@
 """Several GPUs: work sharded one GPU per worker, results independent of the sharding."""
 
+import os
+
 import pytest
 
 from harness import device
@@ -11,7 +13,7 @@ from harness.runner import _sample_backend, device_chunk_elements, planned_trial
 @pytest.fixture(autouse=True)
 def _restore_sharers(monkeypatch):
     """``pin_xdist_worker_gpu`` writes the sharer count into the environment: undone after each test."""
-    monkeypatch.setenv(device.SHARERS_ENV, "1")
+    monkeypatch.setenv(device.SHARERS_ENV, os.environ.get(device.SHARERS_ENV, "1"))
 
 
 def test_each_xdist_worker_gets_one_of_the_visible_gpus(monkeypatch):
@@ -46,6 +48,18 @@ def test_workers_sharing_a_gpu_split_its_memory_budget(monkeypatch, gpus, worker
     assert device.gpu_sharers() == sharers
     profile = get_profile("gpu")
     assert device_chunk_elements(profile) == profile.device_chunk_elements // sharers
+
+
+@pytest.mark.parametrize("sharers,cap", [("1", None), ("4", 0.95 / 4)])
+def test_workers_sharing_a_gpu_cap_their_memory(monkeypatch, sharers, cap):
+    import torch
+
+    capped = []
+    monkeypatch.setenv(device.SHARERS_ENV, sharers)
+    monkeypatch.setattr(device, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, *a: capped.append(fraction))
+    device.share_gpu_memory()
+    assert capped == ([] if cap is None else [cap])
 
 
 def test_without_a_gpu_a_worker_shares_nothing(monkeypatch):
