@@ -35,7 +35,7 @@ def _signed(x: int) -> int:
 _GOLDEN = _signed(0x9E3779B97F4A7C15)
 _M1 = _signed(0xBF58476D1CE4E5B9)
 _M2 = _signed(0x94D049BB133111EB)
-_HASH_START = 0x243F6A8885A308D3
+_HASH_START = 0x243F6A8885A308D3  # below 2**63: the same as an int64
 
 
 def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -52,12 +52,23 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
+def _state(*keys: torch.Tensor | int, start: torch.Tensor | int = _HASH_START, device=None) -> torch.Tensor:
+    """``hash64`` before its final shift, continued from ``start`` (another state). Integer
+    keys before the first tensor are mixed on the host and later ones enter as scalars: a
+    copy to the device would wait for its queued work."""
+    h = start
+    for key in keys:
+        if isinstance(key, torch.Tensor):
+            h = _mix(h ^ (torch.as_tensor(key, dtype=torch.int64, device=device) + _GOLDEN))
+        else:
+            h = h ^ _signed((key + _GOLDEN) & _MASK64)
+            h = _mix(h) if isinstance(h, torch.Tensor) else int(_mix(torch.tensor(h)))
+    return torch.as_tensor(h, dtype=torch.int64, device=device)
+
+
 def hash64(*keys: torch.Tensor | int, device=None) -> torch.Tensor:
     """``reference.rng.hash64`` on torch int64 tensors (bit-identical)."""
-    h = torch.tensor(_HASH_START, dtype=torch.int64, device=device)
-    for key in keys:
-        h = _mix(h ^ (torch.as_tensor(key, dtype=torch.int64, device=device) + _GOLDEN))
-    return _shr(h, 1)
+    return _shr(_state(*keys, device=device), 1)
 
 
 def uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: Stream) -> torch.Tensor:
@@ -121,17 +132,19 @@ class DeviceTrials:
         """Draw every trial's drafts, seeds and start positions for trials [0, total) at once:
         a chunk is then a few slices (per-chunk integer work is launch-bound on a GPU)."""
         s, dev, t_count = self.scenario, self.device, self.t_count
-        req_index = torch.arange(total, device=dev)[:, None] * t_count + torch.arange(t_count, device=dev)[None, :]
+        req = torch.arange(total * t_count, device=dev)  # request index of trial t, template i: t * T + i
+        # Every integer of a request is a hash of (seed, request, ...): the common prefix once.
+        state = _state(s.seed, req, device=dev)
         self.drafts = self.fixed[None].repeat(total, 1, 1)  # [total, T, K]
         for i, (cdf, last) in self.cdfs.items():
             d = cdf.shape[0]
-            u = uniforms(hash64(s.seed, req_index[:, i], device=dev)[:, None], torch.arange(d, device=dev)[None, :], Stream.DRAFT)
+            seeds = _shr(state.view(total, t_count)[:, i], 1)  # hash64(seed, request)
+            u = uniforms(seeds[:, None], torch.arange(d, device=dev)[None, :], Stream.DRAFT)
             for j in range(d):
                 ids = torch.searchsorted(cdf[j], u[:, j] * cdf[j, -1], right=True)
                 self.drafts[:, i, j] = torch.minimum(ids, last[j])
-        req = req_index.reshape(-1)
-        self.seeds = hash64(s.seed, req, 1, device=dev)
-        self.base = hash64(s.seed, req, 2, device=dev) % POSITION_RANGE if s.positions == "random" else torch.zeros_like(req)
+        self.seeds = _shr(_state(1, start=state), 1)  # hash64(seed, request, 1)
+        self.base = _shr(_state(2, start=state), 1) % POSITION_RANGE if s.positions == "random" else torch.zeros_like(req)
 
     def _shared(self, count: int) -> dict:
         if count not in self._shape:
