@@ -213,6 +213,17 @@ def draft_probability_vanishes(scenario: Scenario) -> bool:
     )
 
 
+def placeholder_with_draft_probabilities(scenario: Scenario) -> bool:
+    """Whether a sampling (T > 0) standard request has a placeholder draft (-1) while the
+    scenario carries draft probabilities. The law emits from the target there; vLLM V1 emits
+    from max(p - q, 0) of the placeholder's draft row (pinned in ``suites/test_vllm.py``:
+    ``test_v1_placeholder_emits_from_target``)."""
+    return scenario.draft_probs and any(
+        spec.placeholder_at is not None and spec.temperature > 0 and scenario.request_method(spec) is Method.STANDARD
+        for spec in scenario.requests
+    )
+
+
 def support_reason(backend, scenario: Scenario) -> str | None:
     """Why ``backend`` cannot run ``scenario`` (its ``supports`` on the first trial), or None."""
     if not hasattr(backend, "supports"):

@@ -36,6 +36,7 @@ from harness.fuzz import (
     example_profile,
     fuzz_profile,
     pin,
+    placeholder_with_draft_probabilities,
     scenarios,
     undefined_ratio,
     without_mates,
@@ -202,3 +203,31 @@ def test_draft_probability_vanishes_only_where_the_target_keeps_mass():
     request = {**V1_TOPK_ZERO["requests"][0], "draft_ids": None}
     sampled = Scenario.from_dict({**V1_TOPK_ZERO, "drafts": "sampled", "requests": [request]})
     assert not draft_probability_vanishes(flat) and not draft_probability_vanishes(sampled)
+
+
+# The example the GPU fuzzer found for vLLM V1 (session 7): a placeholder draft with draft
+# probabilities (V1 emits from the residual of the placeholder's draft row, not the target).
+V1_PLACEHOLDER = {
+    "draft_probs": True, "draft_vocab_size": None, "drafts": "fixed", "dtype": "float32", "method": "standard",
+    "name": "fuzz", "positions": "random", "seed": 0, "slots": "identity", "synthetic": None, "tags": [],
+    "vocab_size": 1023,
+    "requests": [
+        {"draft": "peaked", "draft_ids": None, "masked_rows": [0], "method": "standard", "nan_rows": [], "num_drafts": 0,
+         "placeholder_at": None, "stationary": False, "target": "peaked", "temperature": 0},
+        {"draft": "peaked", "draft_ids": None, "masked_rows": [], "method": "standard", "nan_rows": [], "num_drafts": 1,
+         "placeholder_at": 0, "stationary": False, "target": "peaked", "temperature": 1.0},
+    ],
+}  # fmt: skip
+
+
+def test_placeholder_with_draft_probabilities_needs_both_at_a_sampling_standard_request():
+    found = Scenario.from_dict(V1_PLACEHOLDER)
+    assert placeholder_with_draft_probabilities(found) and not undefined_ratio(found)
+    sampling = V1_PLACEHOLDER["requests"][1]
+    variants = [
+        {**V1_PLACEHOLDER, "draft_probs": False},  # drafts without probabilities: V1 emits from the target
+        {**V1_PLACEHOLDER, "requests": [{**sampling, "placeholder_at": None}]},
+        {**V1_PLACEHOLDER, "requests": [{**sampling, "temperature": 0}]},  # greedy: the argmax either way
+        {**V1_PLACEHOLDER, "requests": [{**sampling, "method": "synthetic"}], "synthetic": {"rates": [0.5]}},
+    ]
+    assert not any(placeholder_with_draft_probabilities(Scenario.from_dict(v)) for v in variants)
