@@ -32,14 +32,14 @@ from harness.environment import describe  # noqa: E402
 from harness.profiles import get_profile  # noqa: E402
 
 
-def phases(backend) -> type[LoopParts]:
+def phases(backend) -> LoopParts:
     """``bench_verdict.LoopParts`` split finer: each step of the loop, the backend's calls too."""
     steps = {"probe batch": (runner, ("trials",)), "backend.sample": (backend, ("sample",))}
     if hasattr(backend, "supports"):
         steps["backend.supports"] = (backend, ("supports",))
     for cls, names in ((DeviceTrials, ("__init__", "prepare", "chunk")), (DeviceTally, ("__init__", "add", "finish"))):
         steps |= {f"{cls.__name__}.{name.strip('_')}": (cls, (name,)) for name in names}
-    return type("Phases", (LoopParts,), {"PARTS": steps})
+    return LoopParts(steps)
 
 
 def one_pass(backend, planned, profile):
@@ -73,7 +73,7 @@ def main() -> int:
     one_pass(backend, planned, profile)  # compiles, module loading
     timed = runner.TimedBackend(backend)
     plain = one_pass(timed, planned, profile)
-    with phases(backend)() as timed_phases:
+    with phases(backend) as timed_phases:
         per_scenario = one_pass(backend, planned, profile)
     sampled = [r for r in plain if r["status"] == "sampled"]
     loop = sum(r["seconds"] for r in plain)
