@@ -8,7 +8,15 @@ over the catalog (kernels compiled, CUDA modules loaded). Synchronizing around e
 adds a little time of its own: the totals (``calls_timed``) come from a pass synchronized
 around the backend's calls only, as ``bench_run`` times them.
 
-GPU machine: ``python benchmarks/profile_loop.py --backend triton --json OUT.json``.
+The harness's overhead is measured without any added synchronization (``overhead``): the
+loop as a run executes it (``loop_s``: each scenario's wall time, which ends with the
+tally's copy to the host) against the backend alone on the same batches (``backend_alone_s``:
+every batch of the scenario built first, then the backend's calls back to back, the device
+synchronized before the first and after the last), each scenario's fastest of ``--repeat``
+passes. overhead = 1 - backend_alone / loop.
+
+GPU machine: ``python benchmarks/profile_loop.py --backend triton --json OUT.json``
+(``--trace DIR``: a torch.profiler trace of one more pass, phases labelled).
 """
 
 import argparse
@@ -23,7 +31,8 @@ from harness.device import configure_triton  # noqa: E402
 
 configure_triton()  # before any backend module defines a @triton.jit kernel
 
-from benchmarks.bench_verdict import LoopParts  # noqa: E402
+
+from benchmarks.bench_verdict import LoopParts, backend_alone  # noqa: E402
 from harness import runner  # noqa: E402
 from harness.catalog import catalog  # noqa: E402
 from harness.device_tally import DeviceTally  # noqa: E402
@@ -55,12 +64,28 @@ def one_pass(backend, planned, profile):
     return per_scenario
 
 
+def traced_pass(backend, planned, profile, folder: str) -> None:
+    """One more pass under torch.profiler, each phase a labelled range (no synchronization)."""
+    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import profile as torch_profile
+
+    labelled = phases(backend)
+    with labelled.labelled(record_function), torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        one_pass(backend, planned, profile)
+    os.makedirs(folder, exist_ok=True)
+    prof.export_chrome_trace(os.path.join(folder, f"trace-{backend.name}.json"))
+    with open(os.path.join(folder, f"ops-{backend.name}.txt"), "w") as f:
+        f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=60))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--profile", default="gpu")
     ap.add_argument("--scenario", action="append", help="only these catalog scenarios (repeatable)")
     ap.add_argument("--json", required=True)
+    ap.add_argument("--trace", help="write a torch.profiler trace of one more pass to this folder")
+    ap.add_argument("--repeat", type=int, default=5, help="passes of the loop and of the backend alone (the fastest counts)")
     args = ap.parse_args()
     profile = get_profile(args.profile)
     backend = runner.load_for_device(args.backend, "cuda")
@@ -71,13 +96,25 @@ def main() -> int:
         templates, _, count = runner.planned_trials(s, profile)
         planned.append((s, templates, count))
     one_pass(backend, planned, profile)  # compiles, module loading
+    # As a run executes it (nothing added), and the backend alone: each scenario's fastest of
+    # ``--repeat`` passes of each, taken in turn, so that both see the same machine.
+    loops, alones = [], []
+    for _ in range(args.repeat):
+        loops.append(one_pass(backend, planned, profile))
+        sampled = {r["scenario"] for r in loops[0] if r["status"] == "sampled"}
+        alones.append({s.name: backend_alone(backend, s, t, n, profile) for s, t, n in planned if s.name in sampled})
+    loop = [min(rows, key=lambda r: r["seconds"]) for rows in zip(*loops)]
+    alone = {name: min(a[name] for a in alones) for name in sampled}
     timed = runner.TimedBackend(backend)
     plain = one_pass(timed, planned, profile)
     with phases(backend) as timed_phases:
         per_scenario = one_pass(backend, planned, profile)
-    sampled = [r for r in plain if r["status"] == "sampled"]
-    loop = sum(r["seconds"] for r in plain)
+    for row in per_scenario:
+        row["backend_alone_s"] = alone.get(row["scenario"])
+        row["loop_s"] = next(r["seconds"] for r in loop if r["scenario"] == row["scenario"])
+    loop_s = sum(r["seconds"] for r in loop if r["scenario"] in sampled)
     calls = sum(end - start for start, end in timed.calls)
+    plain_s = sum(r["seconds"] for r in plain)
     result = {
         "command": " ".join(sys.argv),
         "environment": describe(),
@@ -85,7 +122,8 @@ def main() -> int:
         "profile": args.profile,
         "scenarios": len(plain),
         "sampled": len(sampled),
-        "calls_timed": {"loop_s": loop, "backend_calls_s": calls, "outside_calls_s": loop - calls, "calls": len(timed.calls)},
+        "overhead": {"loop_s": loop_s, "backend_alone_s": sum(alone.values()), "overhead": 1 - sum(alone.values()) / loop_s},
+        "calls_timed": {"loop_s": plain_s, "backend_calls_s": calls, "outside_calls_s": plain_s - calls, "calls": len(timed.calls)},
         "phases_s": dict(sorted(timed_phases.seconds.items(), key=lambda kv: -kv[1])),
         "synchronized_loop_s": sum(r["seconds"] for r in per_scenario),
         "per_scenario": per_scenario,
@@ -93,6 +131,8 @@ def main() -> int:
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k not in ("per_scenario", "environment")}, indent=1))
+    if args.trace:
+        traced_pass(backend, planned, profile, args.trace)
     return 0
 
 

@@ -62,8 +62,18 @@ def _state(*keys: torch.Tensor | int, start: torch.Tensor | int = _HASH_START, d
             h = _mix(h ^ (torch.as_tensor(key, dtype=torch.int64, device=device) + _GOLDEN))
         else:
             h = h ^ _signed((key + _GOLDEN) & _MASK64)
-            h = _mix(h) if isinstance(h, torch.Tensor) else int(_mix(torch.tensor(h)))
+            h = _mix(h) if isinstance(h, torch.Tensor) else _mix_int(h)
     return torch.as_tensor(h, dtype=torch.int64, device=device)
+
+
+def _mix_int(x: int) -> int:
+    """``_mix`` on one int64 bit pattern held as a Python int (no tensor ops on the host)."""
+    x &= _MASK64
+    x ^= x >> 30
+    x = (x * (_M1 & _MASK64)) & _MASK64
+    x ^= x >> 27
+    x = (x * (_M2 & _MASK64)) & _MASK64
+    return _signed(x ^ (x >> 31))
 
 
 def hash64(*keys: torch.Tensor | int, device=None) -> torch.Tensor:
@@ -83,9 +93,11 @@ def uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: Stream) -> to
 class DeviceTrials:
     """``count`` trials of every template from global trial ``first``, built on ``device``."""
 
-    def __init__(self, s: Scenario, templates: list[Template], device: str, share_rows: bool = False):
+    def __init__(self, s: Scenario, templates: list[Template], device: str, share_rows: bool = False, kernels: bool | None = None):
         self.scenario, self.templates, self.device = s, templates, device
         dev = torch.device(device)
+        # The integer work in one Triton launch (harness.device_kernels): default on CUDA.
+        self.kernels = dev.type == "cuda" if kernels is None else kernels
         self.t_count = len(templates)
         self.k = s.max_drafts
         counts = np.array([t.num_drafts for t in templates], dtype=np.int64)
@@ -94,29 +106,39 @@ class DeviceTrials:
         def put(x, dt=None):
             return torch.as_tensor(np.ascontiguousarray(x), device=dev, dtype=dt)
 
-        self.target_block = put(np.concatenate([t.target_logits for t in templates])).to(dtype)
+        target = np.concatenate([t.target_logits for t in templates])
         draft_width = s.draft_vocab_size or s.vocab_size
-        proposal = [t.proposal_logits for t in templates]
-        self.draft_block = put(np.concatenate(proposal) if counts.sum() else np.zeros((0, draft_width), np.float32)).to(dtype)
-        # One row for all (NaN != NaN: a poisoned row is never shared).
-        self.shared_target = share_rows and _one_row(self.target_block)
-        self.shared_draft = share_rows and _one_row(self.draft_block)
-        self.fixed = put(np.stack([_padded(t.drafts if t.drafts is not None else [], self.k) for t in templates]))
+        proposal = np.concatenate([t.proposal_logits for t in templates]) if counts.sum() else np.zeros((0, draft_width), np.float32)
+        self.target_block, self.draft_block = put(target).to(dtype), put(proposal).to(dtype)
+        # One row for all (NaN != NaN: a poisoned row is never shared); on the host: no device sync.
+        self.shared_target = share_rows and _one_row(target)
+        self.shared_draft = share_rows and _one_row(proposal)
         # Sampled drafts: the float64 CDF of each (template, step), as reference.rules.draw_from_row.
-        self.cdfs = {}
+        cdfs = {}
         for i, t in enumerate(templates):
             if t.drafts is None and t.num_drafts:
                 probs = t.sampling_probs()
                 last = probs.shape[1] - 1 - np.argmax(probs[:, ::-1] > 0, axis=1)
-                self.cdfs[i] = (put(np.cumsum(probs, axis=1)), put(last))
-        # Within a trial: template of each draft column / target row, and each row's step.
-        self.draft_cols = put(np.concatenate([i * self.k + np.arange(d) for i, d in enumerate(counts)]).astype(np.int64))
-        self.row_template = put(np.repeat(np.arange(self.t_count), counts + 1))
-        self.row_step = put(np.concatenate([np.arange(d + 1) for d in counts]))
-        self.counts_t = put(counts)
-        self.temps = put(np.array([t.spec.temperature for t in templates], dtype=np.float64))
+                cdfs[i] = (np.cumsum(probs, axis=1), last)
+        self.sampled_drafts = bool(cdfs)
+        self.cdfs = {} if self.kernels else {i: (put(cdf), put(last)) for i, (cdf, last) in cdfs.items()}
+        self.rows_per_trial, self.drafts_per_trial = int((counts + 1).sum()), int(counts.sum())
+        # The small arrays in one copy per dtype: each copy to the device costs a launch and a wait.
+        ints = dict(fixed=np.stack([_padded(t.drafts if t.drafts is not None else [], self.k) for t in templates]), counts=counts)
+        floats = dict(temps=np.array([t.spec.temperature for t in templates]))
+        if s.synthetic is not None:
+            floats["rates"] = conditional_rates(s)
+        if self.kernels:
+            ints |= _kernel_ints(counts, cdfs)
+            floats["cdf"] = np.concatenate([cdf for cdf, _ in cdfs.values()]) if cdfs else np.zeros((1, 1))
+        else:  # within a trial: template of each draft column / target row, and each row's step
+            ints["draft_cols"] = np.concatenate([i * self.k + np.arange(d) for i, d in enumerate(counts)])
+            ints["row_template"] = np.repeat(np.arange(self.t_count), counts + 1)
+            ints["row_step"] = np.concatenate([np.arange(d + 1) for d in counts])
+        self.ints, self.floats = _upload(ints, dev, np.int64), _upload(floats, dev, np.float64)
+        self.fixed, self.counts_t, self.temps = self.ints["fixed"], self.ints["counts"], self.floats["temps"]
         self.methods = put(np.array([t.method for t in templates], dtype=np.int8))
-        self.rates = put(conditional_rates(s)) if s.synthetic is not None else None
+        self.rates = self.floats.get("rates")
         self._tiled = (None, None, None)  # (count, target, draft): the last chunk size's logits
         self.drafts = None  # [trials, T, K], drawn by ``prepare``
         self._shape = {}  # count -> the fields every chunk of that size shares
@@ -129,9 +151,21 @@ class DeviceTrials:
         return self._tiled[1], self._tiled[2]
 
     def prepare(self, total: int) -> None:
-        """Draw every trial's drafts, seeds and start positions for trials [0, total) at once:
-        a chunk is then a few slices (per-chunk integer work is launch-bound on a GPU)."""
+        """Draw every trial's drafts, seeds and start positions for trials [0, total) at once,
+        and lay out the batch fields of them all: a chunk is then a few slices (per-chunk
+        integer work is launch-bound on a GPU)."""
         s, dev, t_count = self.scenario, self.device, self.t_count
+        random_positions = s.positions == "random"
+        if self.kernels:
+            from harness.device_kernels import build_trials
+
+            sizes = dict(T=t_count, K=self.k, R=self.rows_per_trial, D=self.drafts_per_trial, position_range=POSITION_RANGE)
+            fields = self.ints | sizes | {"cdf": self.floats["cdf"], "sampled": self.sampled_drafts}
+            built = build_trials(int(_state(s.seed)), total, fields, random_positions)
+            self.drafts, self.seeds, self.positions, self.draft_tokens = (
+                built[f] for f in ("drafts", "seeds", "positions", "draft_tokens")
+            )
+            return
         req = torch.arange(total * t_count, device=dev)  # request index of trial t, template i: t * T + i
         # Every integer of a request is a hash of (seed, request, ...): the common prefix once.
         state = _state(s.seed, req, device=dev)
@@ -144,7 +178,9 @@ class DeviceTrials:
                 ids = torch.searchsorted(cdf[j], u[:, j] * cdf[j, -1], right=True)
                 self.drafts[:, i, j] = torch.minimum(ids, last[j])
         self.seeds = _shr(_state(1, start=state), 1)  # hash64(seed, request, 1)
-        self.base = _shr(_state(2, start=state), 1) % POSITION_RANGE if s.positions == "random" else torch.zeros_like(req)
+        base = _shr(_state(2, start=state), 1) % POSITION_RANGE if random_positions else torch.zeros_like(req)
+        self.positions = (base.view(total, t_count)[:, self.ints["row_template"]] + self.ints["row_step"]).reshape(-1)
+        self.draft_tokens = self.drafts.reshape(total, t_count * self.k)[:, self.ints["draft_cols"]].reshape(-1)
 
     def _shared(self, count: int) -> dict:
         if count not in self._shape:
@@ -167,8 +203,7 @@ class DeviceTrials:
         if self.drafts is None or last > self.drafts.shape[0]:  # drawing again per chunk would redo every trial
             raise ValueError(f"trials [{first}, {last}) are outside the prepared range: call prepare(total) first")
         drafts = self.drafts[first:last]
-        base = self.base[first * t_count : last * t_count]
-        positions = (base.view(count, t_count)[:, self.row_template] + self.row_step).reshape(-1)
+        rows, cols = self.rows_per_trial, self.drafts_per_trial
         slots = None
         if s.slots == "permuted":  # as scenarios.trials: a state table twice the batch
             slots = torch.argsort(hash64(s.seed, first + torch.arange(2 * count * t_count, device=dev), 3))[: count * t_count]
@@ -176,9 +211,9 @@ class DeviceTrials:
         batch = VerifyBatch(
             target_logits=target,
             draft_logits=draft,
-            draft_tokens=drafts.reshape(count, t_count * k)[:, self.draft_cols].reshape(-1),
+            draft_tokens=self.draft_tokens[first * cols : last * cols],
             seeds=self.seeds[first * t_count : last * t_count],
-            positions=positions,
+            positions=self.positions[first * rows : last * rows],
             max_drafts=k,
             request_slots=slots,
             logits_dtype=s.dtype,
@@ -187,8 +222,37 @@ class DeviceTrials:
         return batch, drafts
 
 
-def _one_row(block: torch.Tensor) -> bool:
+def _one_row(block: np.ndarray) -> bool:
     return block.shape[0] > 0 and bool((block == block[:1]).all())
+
+
+def _kernel_ints(counts: np.ndarray, cdfs: dict) -> dict:
+    """What ``device_kernels.build_trials`` reads besides the drafts: each template's first
+    position row and first draft column within a trial, and where its CDF rows start in
+    the stacked CDFs (-1: fixed drafts) and each row's last possible token."""
+    cdf_rows = np.full(len(counts), -1, dtype=np.int64)
+    at = 0
+    for i, (cdf, _) in cdfs.items():
+        cdf_rows[i], at = at, at + cdf.shape[0]
+    return dict(
+        row_offsets=np.cumsum(counts + 1) - (counts + 1),
+        draft_offsets=np.cumsum(counts) - counts,
+        cdf_rows=cdf_rows,
+        cdf_last=np.concatenate([last for _, last in cdfs.values()]) if cdfs else np.zeros(1),
+    )
+
+
+def _upload(arrays: dict, device, dtype) -> dict:
+    """Host arrays as views of one device tensor of 8-byte ``dtype``: one copy for all of
+    them. Each view starts 16-byte aligned, as a tensor of its own would (Triton compiles a
+    kernel again for each pattern of aligned pointers)."""
+    flat = [np.asarray(a, dtype=dtype).ravel() for a in arrays.values()]
+    starts = np.cumsum([0] + [f.size + f.size % 2 for f in flat])
+    whole = np.zeros(starts[-1], dtype)
+    for f, at in zip(flat, starts):
+        whole[at : at + f.size] = f
+    whole = torch.as_tensor(whole, device=device)
+    return {name: whole[at : at + f.size].view(np.shape(a)) for (name, a), f, at in zip(arrays.items(), flat, starts)}
 
 
 def _rows(block: torch.Tensor, count: int, shared: bool) -> torch.Tensor:

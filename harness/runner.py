@@ -124,18 +124,25 @@ def device_chunk_elements(profile: Profile) -> int:
     return profile.device_chunk_elements // gpu_sharers()
 
 
-def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile) -> list[TemplateTally]:
-    """Inputs built and outputs tallied on the backend's device (``harness.device_trials``)."""
-    from harness.device_tally import DeviceTally
+def device_trials(backend, scenario: Scenario, templates, count: int, profile: Profile):
+    """(``count`` trials built on the backend's device, trials per backend call)."""
     from harness.device_trials import DeviceTrials
 
     device = getattr(backend, "device", "cpu")
     built = DeviceTrials(scenario, templates, device, share_rows=getattr(backend, "shared_rows", False))
     built.prepare(count)
-    tally = DeviceTally([t.effective_drafts for t in templates], scenario.vocab_size, count, scenario.max_drafts, device)
     budget = profile.chunk_elements if device == "cpu" else device_chunk_elements(profile)
     views = built.shared_target and (built.shared_draft or not scenario.draft_probs)
-    chunk = min(_chunk_trials(scenario, templates, budget, VIEW_ROW_ELEMENTS if views else None), count)
+    return built, min(_chunk_trials(scenario, templates, budget, VIEW_ROW_ELEMENTS if views else None), count)
+
+
+def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile) -> list[TemplateTally]:
+    """Inputs built and outputs tallied on the backend's device (``harness.device_trials``)."""
+    from harness.device_tally import DeviceTally
+
+    built, chunk = device_trials(backend, scenario, templates, count, profile)
+    effective = [t.effective_drafts for t in templates]
+    tally = DeviceTally(effective, scenario.vocab_size, count, scenario.max_drafts, built.device, built.kernels)
     done = 0
     while done < count:
         n = min(chunk, count - done)

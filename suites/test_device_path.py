@@ -1,6 +1,7 @@
 """The device path (inputs built and outputs tallied where the backend runs) equals the host path bit for bit."""
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch
 from harness import device_trials
 from harness.backends import load_backend, vllm_mrv2
 from harness.catalog import catalog
+from harness.device import gpu_skip_reason
 from harness.device_tally import DeviceTally
 from harness.profiles import get_profile
 from harness.scenarios import RequestSpec, Scenario, materialize, trials
@@ -17,6 +19,24 @@ from reference import rng
 from reference.rng import Stream
 
 SCENARIOS = {s.name: s for s in catalog(get_profile("smoke"), 0)}
+
+# Where the trials are built and tallied: torch ops on the CPU, the Triton kernels of
+# harness.device_kernels under the interpreter, and those kernels on a GPU (their default).
+PATHS = [
+    pytest.param(("cpu", False), id="cpu-torch"),
+    pytest.param(("cpu", True), id="cpu-kernels"),
+    pytest.param(("cuda", True), id="cuda-kernels", marks=pytest.mark.gpu),
+]
+
+
+@pytest.fixture
+def path(request):
+    device, kernels = request.param
+    if device == "cuda" and gpu_skip_reason():
+        pytest.skip(gpu_skip_reason())
+    if device == "cpu" and kernels and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the kernels on CPU tensors need TRITON_INTERPRET=1 (a GPU machine tests them in cuda-kernels)")
+    return device, kernels
 
 
 def test_hash_and_uniforms_match_the_reference_bit_for_bit():
@@ -31,37 +51,42 @@ def test_hash_and_uniforms_match_the_reference_bit_for_bit():
         assert np.array_equal(got, expected)
 
 
+@pytest.mark.parametrize("path", PATHS, indirect=True)
 @pytest.mark.parametrize(
     "name",
-    ["standard-sampled", "standard-permuted-slots", "synthetic-mixed-batch", "standard-zero-drafts", "block-placeholder", "standard-bf16"],
-)
-def test_device_batches_equal_host_batches(name):
+    [
+        "standard-sampled", "standard-permuted-slots", "synthetic-mixed-batch", "standard-zero-drafts", "block-placeholder",
+        "standard-bf16", "block-sampled", "standard-aligned-positions", "greedy-ragged",
+    ],
+)  # fmt: skip
+def test_device_batches_equal_host_batches(name, path):
     s = SCENARIOS[name]
     templates = materialize(s)
-    built = device_trials.DeviceTrials(s, templates, "cpu")
+    built = device_trials.DeviceTrials(s, templates, path[0], kernels=path[1])
     built.prepare(1007)
     for first, count in ((0, 5), (5, 5), (1000, 7)):
         host = trials(s, templates, first, count)
         batch, drafts = built.chunk(first, count)
-        assert np.array_equal(drafts.numpy(), host.drafts)
+        assert np.array_equal(drafts.cpu().numpy(), host.drafts)
         for field in ("draft_tokens", "cu_num_drafts", "temperature", "seeds", "positions", "methods", "synthetic_rates", "request_slots"):
             want, got = getattr(host.batch, field), getattr(batch, field)
             assert (want is None) == (got is None), field
             if want is not None:
-                assert np.array_equal(got.numpy(), want), field
+                assert np.array_equal(got.cpu().numpy(), want), field
         for field in ("target_logits", "draft_logits"):
             want, got = getattr(host.batch, field), getattr(batch, field)
             assert (want is None) == (got is None), field
             if want is not None:
-                assert np.array_equal(got.float().numpy(), want, equal_nan=True), field
+                assert np.array_equal(got.float().cpu().numpy(), want, equal_nan=True), field
         assert batch.logits_dtype == s.dtype and batch.max_drafts == host.batch.max_drafts
     with pytest.raises(ValueError, match="outside the prepared range"):
         built.chunk(1005, 5)
 
 
 # Effective drafts per template: [1, 3, 4]; [0, 1, 3, 4]; [0, 0, 2] (templates without drafts, d < K).
+@pytest.mark.parametrize("path", PATHS, indirect=True)
 @pytest.mark.parametrize("name", ["standard-near-target", "greedy-ragged", "standard-zero-drafts"])
-def test_device_tally_equals_host_tally_including_violations(name):
+def test_device_tally_equals_host_tally_including_violations(name, path):
     s = SCENARIOS[name]
     templates = materialize(s)
     count, t_count, k, vocab = 400, len(templates), s.max_drafts, s.vocab_size
@@ -76,21 +101,23 @@ def test_device_tally_equals_host_tally_including_violations(name):
     tokens[good, -1] = gen.integers(0, vocab, size=good.sum())
     host = [TemplateTally(t.effective_drafts, vocab) for t in templates]
     add_outputs(host, tokens, emitted, host_batch.drafts, 0)
-    dev = DeviceTally([t.effective_drafts for t in templates], vocab, count, k, "cpu")
+    dev = DeviceTally([t.effective_drafts for t in templates], vocab, count, k, path[0], kernels=path[1])
     half = count // 2 * t_count  # two chunks, the second first: order must not matter
-    dev.add(torch.from_numpy(tokens[half:]), torch.from_numpy(emitted[half:]), count // 2)
-    dev.add(torch.from_numpy(tokens[:half]), torch.from_numpy(emitted[:half]), 0)
-    for h, d in zip(host, dev.finish(torch.from_numpy(host_batch.drafts))):
+    on = {"device": path[0]}
+    dev.add(torch.tensor(tokens[half:], **on), torch.tensor(emitted[half:], **on), count // 2)
+    dev.add(torch.tensor(tokens[:half], **on), torch.tensor(emitted[:half], **on), 0)
+    for h, d in zip(host, dev.finish(torch.tensor(host_batch.drafts, **on))):
         assert h.violations > 0 and (h.trials, h.violations, h.example) == (d.trials, d.violations, d.example)
         assert np.array_equal(h.outcome, d.outcome) and np.array_equal(h.steps, d.steps)
 
 
-def test_device_tally_of_no_trials_is_empty():
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_device_tally_of_no_trials_is_empty(path):
     s = SCENARIOS["greedy-ragged"]
     templates = materialize(s)
     effective = [t.effective_drafts for t in templates]
-    tallies = DeviceTally(effective, s.vocab_size, 0, s.max_drafts, "cpu").finish(
-        torch.zeros((0, len(templates), s.max_drafts), dtype=torch.int64)
+    tallies = DeviceTally(effective, s.vocab_size, 0, s.max_drafts, path[0], kernels=path[1]).finish(
+        torch.zeros((0, len(templates), s.max_drafts), dtype=torch.int64, device=path[0])
     )
     assert [(t.trials, t.violations, t.outcome.sum(), t.steps.sum()) for t in tallies] == [(0, 0, 0, 0)] * len(templates)
     assert [t.outcome.shape for t in tallies] == [(d + 1, s.vocab_size) for d in effective]
