@@ -58,7 +58,8 @@ def _trials_kernel(
     req = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # request t * T + i
     mask = req < n
     i, t = req % T, req // T
-    state = _mix(state0.to(tl.uint64, bitcast=True) ^ (req.to(tl.uint64) + _GOLDEN))  # hash64(seed, req) before its shift
+    # state0 arrives as int32 when its value fits (Triton types scalars by value): widen first.
+    state = _mix(state0.to(tl.int64).to(tl.uint64, bitcast=True) ^ (req.to(tl.uint64) + _GOLDEN))  # hash64(seed, req), unshifted
     tl.store(seeds_out + req, (_mix(state ^ (1 + _GOLDEN)) >> 1).to(tl.int64), mask=mask)
     if RANDOM_POSITIONS:
         base = (_mix(state ^ (2 + _GOLDEN)) >> 1).to(tl.int64) % position_range

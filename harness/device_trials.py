@@ -4,8 +4,9 @@ The host path tiles every template's logits into each chunk in NumPy and copies 
 to the device; at V = 152,064 that costs more than the sampler. Here the templates' rows
 go to the device once per scenario and are repeated there once per chunk size (every chunk
 of the same size has the same logits: only seeds, positions and drafts differ), and the
-per-trial integers are computed on the device with a torch port of ``reference.rng``.
-Only counts come back to the host (``DeviceTally``).
+per-trial integers are computed on the device with a torch port of ``reference.rng`` (on
+CUDA in one Triton launch, ``harness.device_kernels``). Only counts come back to the host
+(``DeviceTally``).
 
 When every row of the templates is the same row (``RequestSpec.stationary`` with one
 template) and the backend reads rows through their stride (``shared_rows = True``), a

@@ -83,9 +83,63 @@ def test_device_batches_equal_host_batches(name, path):
         built.chunk(1005, 5)
 
 
-# Effective drafts per template: [1, 3, 4]; [0, 1, 3, 4]; [0, 0, 2] (templates without drafts, d < K).
 @pytest.mark.parametrize("path", PATHS, indirect=True)
-@pytest.mark.parametrize("name", ["standard-near-target", "greedy-ragged", "standard-zero-drafts"])
+def test_device_batches_equal_host_batches_for_any_seed_and_draft_vocabulary(path):
+    """Sampled drafts beside a template without drafts, a draft vocabulary narrower than the
+    target's; and a seed whose hash state fits in 32 bits (Triton passes such a scalar as int32)."""
+    requests = (RequestSpec(3), RequestSpec(0), RequestSpec(2, 0.5))
+    for seed in (11, SMALL_STATE_SEED):
+        s = Scenario(name="x", method="standard", vocab_size=40, requests=requests, drafts="sampled", draft_vocab_size=29, seed=seed)
+        templates = materialize(s)
+        built = device_trials.DeviceTrials(s, templates, path[0], kernels=path[1])
+        built.prepare(300)
+        host = trials(s, templates, 0, 300)
+        batch, drafts = built.chunk(0, 300)
+        assert np.array_equal(drafts.cpu().numpy(), host.drafts)
+        for field in ("draft_tokens", "seeds", "positions"):
+            assert np.array_equal(getattr(batch, field).cpu().numpy(), getattr(host.batch, field)), field
+
+
+SMALL_STATE_SEED = 7496291377057076992  # hash64's state after this seed is 5
+
+
+def test_small_state_seed_has_a_small_state():
+    assert int(device_trials._state(SMALL_STATE_SEED)) == 5
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p.values[0][1]], indirect=True)
+def test_trial_kernel_draws_as_searchsorted_right_then_clamps(path):
+    """The kernel's draw on a hand-made CDF: values landing exactly on a CDF entry go past it
+    (``right=True``), and each row's last possible token bounds its draws."""
+    from harness.device_kernels import build_trials
+
+    device, total, k = path[0], 64, 3
+    seed_state = int(device_trials._state(5))
+    req = torch.arange(total)
+    u = device_trials.uniforms(device_trials.hash64(5, req)[:, None], torch.arange(k)[None, :], Stream.DRAFT)
+    v, w = float(u[0, 0]), float(u[1, 1])  # the CDFs end at 1: trial 0 draws exactly v at step 0, trial 1 w at step 1
+    cdf = torch.tensor(
+        [[v / 2, v / 2, v, v, 1, 1, 1, 1], [w / 2, w / 2, w / 2, w / 2, w, 1, 1, 1], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1]],
+        dtype=torch.float64,
+    )
+    last = torch.tensor([6, 3, 5])  # per row, below the end: the clamp binds
+    on = {"device": device}
+    fields = dict(
+        T=1, K=k, R=k + 1, D=k, position_range=1 << 20, sampled=True,
+        counts=torch.tensor([k], **on), fixed=torch.full((1, k), -1, **on),
+        row_offsets=torch.tensor([0], **on), draft_offsets=torch.tensor([0], **on),
+        cdf=cdf.to(device), cdf_rows=torch.tensor([0], **on), cdf_last=last.to(device),
+    )  # fmt: skip
+    drafts = build_trials(seed_state, total, fields, random_positions=True)["drafts"][:, 0].cpu()
+    expected = torch.stack([torch.minimum(torch.searchsorted(cdf[j], u[:, j] * cdf[j, -1], right=True), last[j]) for j in range(k)], 1)
+    assert torch.equal(drafts, expected)
+    assert expected[0, 0] == 4 and (expected[:, 1] == 3).any() and (expected[:, 2] == 5).any()  # ties go right; clamps bind
+
+
+# Effective drafts per template: [1, 3, 4]; [0, 1, 3, 4]; [0, 0, 2] (templates without drafts, d < K);
+# standard-sampled: drafts that differ from trial to trial.
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+@pytest.mark.parametrize("name", ["standard-near-target", "greedy-ragged", "standard-zero-drafts", "standard-sampled"])
 def test_device_tally_equals_host_tally_including_violations(name, path):
     s = SCENARIOS[name]
     templates = materialize(s)
