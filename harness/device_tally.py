@@ -2,8 +2,9 @@
 
 Each chunk's outputs are copied into run-long device buffers; ``finish`` tallies every
 trial at once (one Triton launch on CUDA, ``harness.device_kernels.tally``; a few dozen
-torch ops elsewhere) and copies only the counts to host ``TemplateTally``s. Same validity rules as ``harness.tally`` (a trial is valid when
-it emitted 1..d_eff + 1 tokens, all in the vocabulary, with the drafts as its prefix).
+torch ops elsewhere) and copies only the counts to host ``TemplateTally``s. Same validity
+rules as ``harness.tally`` (a trial is valid when it emitted 1..d_eff + 1 tokens, all in
+the vocabulary, with the drafts as its prefix).
 """
 
 import numpy as np

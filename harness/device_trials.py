@@ -23,6 +23,7 @@ import torch
 
 from harness.protocol import VerifyBatch
 from harness.scenarios import POSITION_RANGE, Scenario, Template, conditional_rates
+from reference import rng
 from reference.rng import Stream
 
 _MASK64 = (1 << 64) - 1
@@ -68,13 +69,10 @@ def _state(*keys: torch.Tensor | int, start: torch.Tensor | int = _HASH_START, d
 
 
 def _mix_int(x: int) -> int:
-    """``_mix`` on one int64 bit pattern held as a Python int (no tensor ops on the host)."""
-    x &= _MASK64
-    x ^= x >> 30
-    x = (x * (_M1 & _MASK64)) & _MASK64
-    x ^= x >> 27
-    x = (x * (_M2 & _MASK64)) & _MASK64
-    return _signed(x ^ (x >> 31))
+    """``_mix`` on one int64 bit pattern held as a Python int: the reference's own mix on a
+    NumPy scalar (no tensor ops on the host)."""
+    with np.errstate(over="ignore"):
+        return _signed(int(rng._mix(np.uint64(x & _MASK64))))
 
 
 def hash64(*keys: torch.Tensor | int, device=None) -> torch.Tensor:
