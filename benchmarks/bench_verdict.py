@@ -59,7 +59,7 @@ class LoopParts:
 
     PARTS = {
         "build inputs": (DeviceTrials, ("__init__", "prepare", "chunk")),
-        "tally": (DeviceTally, ("__init__", "add", "finish")),
+        "tally": (DeviceTally, ("__init__", "add", "start_finish")),
     }
 
     def __init__(self, parts: dict | None = None):

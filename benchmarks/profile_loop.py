@@ -3,20 +3,24 @@ phase of ``runner.sample_scenario`` timed per scenario, the device synchronized 
 
 Wraps the loop's steps in place (no copy of the loop): the probe batch and ``supports``,
 ``DeviceTrials`` (construction, ``prepare``, ``chunk``), the backend's ``sample`` and
-``DeviceTally`` (construction, ``add``, ``finish``). In process, after one unreported pass
+``DeviceTally`` (construction, ``add``, ``start_finish``), and the wait for the counts. In process, after one unreported pass
 over the catalog (kernels compiled, CUDA modules loaded). Synchronizing around every phase
 adds a little time of its own: the totals (``calls_timed``) come from a pass synchronized
 around the backend's calls only, as ``bench_run`` times them.
 
 The harness's overhead is measured without any added synchronization (``overhead``): the
-loop as a run executes it (``loop_s``: each scenario's wall time, which ends with the
+loop scenario by scenario (``loop_s``: each scenario's wall time, which ends with the
 tally's copy to the host) against the backend alone on the same batches (``backend_alone_s``:
 every batch of the scenario built first, then the backend's calls back to back, the device
 synchronized before the first and after the last), each scenario's fastest of ``--repeat``
-passes. overhead = 1 - backend_alone / loop.
+passes. overhead = 1 - backend_alone / loop. ``stream``: the whole catalog as a run samples
+it (``runner.sample_stream``, the next scenario queued before this one's counts are read;
+materializing the templates included), the fastest of ``--repeat`` passes, against the
+same backend-alone total.
 
 GPU machine: ``python benchmarks/profile_loop.py --backend triton --json OUT.json``
-(``--trace DIR``: a torch.profiler trace of one more pass, phases labelled).
+(``--trace DIR``: a torch.profiler trace of one more stream pass, phases labelled, and
+where the GPU stood idle in it).
 """
 
 import argparse
@@ -44,9 +48,10 @@ from harness.profiles import get_profile  # noqa: E402
 def phases(backend) -> LoopParts:
     """``bench_verdict.LoopParts`` split finer: each step of the loop, the backend's calls too."""
     steps = {"probe batch": (runner, ("trials",)), "backend.sample": (backend, ("sample",))}
+    steps |= {"materialize": (runner, ("materialize",)), "wait for counts": (runner.Started, ("tallies",))}
     if hasattr(backend, "supports"):
         steps["backend.supports"] = (backend, ("supports",))
-    for cls, names in ((DeviceTrials, ("__init__", "prepare", "chunk")), (DeviceTally, ("__init__", "add", "finish"))):
+    for cls, names in ((DeviceTrials, ("__init__", "prepare", "chunk")), (DeviceTally, ("__init__", "add", "start_finish"))):
         steps |= {f"{cls.__name__}.{name.strip('_')}": (cls, (name,)) for name in names}
     return LoopParts(steps)
 
@@ -64,18 +69,71 @@ def one_pass(backend, planned, profile):
     return per_scenario
 
 
-def traced_pass(backend, planned, profile, folder: str) -> None:
-    """One more pass under torch.profiler, each phase a labelled range (no synchronization)."""
+def stream_pass(backend, planned, profile) -> float:
+    """Wall seconds of the catalog sampled as a run samples it (``runner.sample_stream``:
+    each scenario materialized, prepared and queued before the previous one's counts are
+    read), the device synchronized before and after."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in runner.sample_stream(backend, ((s, count) for s, _, count in planned), profile):
+        pass
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def traced_pass(backend, planned, profile, folder: str) -> dict:
+    """One more stream pass under torch.profiler, each phase a labelled range (no
+    synchronization): the trace, the ops table, and where the GPU stood idle (``idle``)."""
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
     labelled = phases(backend)
     with labelled.labelled(record_function), torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        one_pass(backend, planned, profile)
+        stream_pass(backend, planned, profile)
     os.makedirs(folder, exist_ok=True)
-    prof.export_chrome_trace(os.path.join(folder, f"trace-{backend.name}.json"))
+    trace = os.path.join(folder, f"trace-{backend.name}.json")
+    prof.export_chrome_trace(trace)
     with open(os.path.join(folder, f"ops-{backend.name}.txt"), "w") as f:
         f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=60))
+    with open(trace) as f:
+        return idle(json.load(f)["traceEvents"], set(labelled.parts))
+
+
+GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def idle(events: list, labels: set) -> dict:
+    """Where the GPU stood idle between its first and last work in a trace: the idle time
+    split among the labelled host phases running meanwhile (ms; "no phase": none ran)."""
+    busy = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU_EVENTS and "dur" in e)
+    gaps, end = [], busy[0][1]
+    for start, stop in busy[1:]:
+        if start > end:
+            gaps.append((end, start))
+        end = max(end, stop)
+    phases_on_host = [
+        (e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "user_annotation" and e.get("name") in labels
+    ]
+    by_phase: dict = {}
+    for lo, hi in gaps:
+        covered = 0.0
+        for start, stop, name in phases_on_host:
+            overlap = min(hi, stop) - max(lo, start)
+            if overlap > 0:
+                by_phase[name] = by_phase.get(name, 0.0) + overlap / 1e3
+                covered += overlap
+        by_phase["no phase"] = by_phase.get("no phase", 0.0) + max(0.0, hi - lo - covered) / 1e3
+    window = end - busy[0][0]
+    idle_us = sum(hi - lo for lo, hi in gaps)
+    return {
+        "window_ms": window / 1e3,
+        "gpu_busy_ms": (window - idle_us) / 1e3,
+        "gpu_idle_ms": idle_us / 1e3,
+        "gaps": len(gaps),
+        "idle_ms_by_phase": dict(sorted(by_phase.items(), key=lambda kv: -kv[1])),
+    }
 
 
 def main() -> int:
@@ -98,8 +156,9 @@ def main() -> int:
     one_pass(backend, planned, profile)  # compiles, module loading
     # As a run executes it (nothing added), and the backend alone: each scenario's fastest of
     # ``--repeat`` passes of each, taken in turn, so that both see the same machine.
-    loops, alones = [], []
+    loops, alones, streams = [], [], []
     for _ in range(args.repeat):
+        streams.append(stream_pass(backend, planned, profile))
         loops.append(one_pass(backend, planned, profile))
         sampled = {r["scenario"] for r in loops[0] if r["status"] == "sampled"}
         alones.append({s.name: backend_alone(backend, s, t, n, profile) for s, t, n in planned if s.name in sampled})
@@ -123,6 +182,7 @@ def main() -> int:
         "scenarios": len(plain),
         "sampled": len(sampled),
         "overhead": {"loop_s": loop_s, "backend_alone_s": sum(alone.values()), "overhead": 1 - sum(alone.values()) / loop_s},
+        "stream": {"wall_s": min(streams), "passes_s": streams, "overhead": 1 - sum(alone.values()) / min(streams)},
         "calls_timed": {"loop_s": plain_s, "backend_calls_s": calls, "outside_calls_s": plain_s - calls, "calls": len(timed.calls)},
         "phases_s": dict(sorted(timed_phases.seconds.items(), key=lambda kv: -kv[1])),
         "synchronized_loop_s": sum(r["seconds"] for r in per_scenario),
@@ -132,7 +192,10 @@ def main() -> int:
         json.dump(result, f, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k not in ("per_scenario", "environment")}, indent=1))
     if args.trace:
-        traced_pass(backend, planned, profile, args.trace)
+        result["stream_trace"] = traced_pass(backend, planned, profile, args.trace)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+        print(json.dumps(result["stream_trace"], indent=1))
     return 0
 
 

@@ -10,6 +10,7 @@ the vocabulary, with the drafts as its prefix).
 import numpy as np
 import torch
 
+from harness.device_copies import Download, upload
 from harness.tally import TemplateTally
 
 
@@ -34,6 +35,11 @@ class DeviceTally:
         """Counts of trials [0, filled), whose drafts are ``drafts [trials, T, K]``: every
         template in one pass, one copy of the offsets in and one of the counts out, whatever
         the number of templates."""
+        return self.start_finish(drafts)()
+
+    def start_finish(self, drafts: torch.Tensor):
+        """``finish`` in two steps: the count and its copy to the host are queued now; the
+        function returned waits for them and gives the tallies."""
         n, vocab = self.filled, self.vocab
         tok, num, drafts = self.tokens[:n], self.emitted[:n], drafts[:n]
         # Every template's cells in one count: its outcomes [(d+1), V] then, after all
@@ -43,14 +49,18 @@ class DeviceTally:
         outcome_at = np.cumsum([0] + sizes[:-1])
         steps_at = sum(sizes) + 2 * outcome_at
         cells = 3 * sum(sizes)
-        offsets = torch.tensor(np.stack([self.effective, outcome_at, steps_at]), device=tok.device)
+        offsets = upload(np.stack([self.effective, outcome_at, steps_at]), tok.device)
         if self.kernels:
             from harness.device_kernels import tally
 
             counted = tally(tok, num, drafts, vocab, offsets, cells)
         else:
             counted = self._count(tok, num, drafts, *offsets, cells)
-        host = _to_host(counted)
+        download = Download(counted)  # through page-locked memory: 33 MB at V = 152,064, K = 8
+        return lambda: self._tallies(download.array(), tok, num, drafts, sizes, outcome_at, steps_at)
+
+    def _tallies(self, host, tok, num, drafts, sizes, outcome_at, steps_at) -> list[TemplateTally]:
+        n, vocab, cells = self.filled, self.vocab, 3 * sum(sizes)
         violations, first_bad = host[cells : cells + len(sizes)], host[cells + len(sizes) :]
         tallies = []
         for i, e in enumerate(self.effective):
@@ -90,14 +100,3 @@ class DeviceTally:
         trial = torch.arange(ok.shape[0], device=tok.device)[:, None]
         first_bad = torch.where(ok, ok.shape[0], trial).min(dim=0).values if ok.shape[0] else torch.zeros_like(d_dev)
         return torch.cat([counts[:-1], (~ok).sum(dim=0), first_bad])
-
-
-def _to_host(counts: torch.Tensor) -> np.ndarray:
-    """The counts as a host array, through page-locked memory from a GPU: at V = 152,064
-    and K = 8 they are 4M cells (33 MB), which a pageable copy moves several times slower.
-    The array keeps its page-locked block until the tallies are dropped."""
-    if not counts.is_cuda:
-        return counts.numpy()
-    host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
-    host.copy_(counts)  # synchronous: the counts are complete when it returns
-    return host.numpy()

@@ -320,7 +320,7 @@ class BlockTokenWise(ReferenceSampler):
 
     def sample(self, batch):
         methods = np.where(np.asarray(batch.methods) == Method.BLOCK, Method.STANDARD, batch.methods).astype(np.int8)
-        return super().sample(dataclasses.replace(batch, methods=methods))
+        return super().sample(dataclasses.replace(batch, methods=methods, method_codes=None))
 
 
 FAULTS = {

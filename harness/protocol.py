@@ -43,6 +43,9 @@ request_slots      [B] int64 or None      distinct state-table slots of the requ
                                           None = slot r for request r. Samplers may ignore it.
 logits_dtype       str                    "float32", "bfloat16" or "float16": the logits hold
                                           values exact in that dtype; cast to it at no loss.
+method_codes       tuple[int] or None     the distinct codes ``methods`` holds, when the
+                                          batch's builder knows them on the host (a device
+                                          batch): reading them costs no device sync.
 =================  =====================  ==================================================
 """
 
@@ -75,6 +78,7 @@ class VerifyBatch:
     max_drafts: int
     request_slots: np.ndarray | None = None
     logits_dtype: str = "float32"
+    method_codes: tuple[int, ...] | None = None
 
     @property
     def num_requests(self) -> int:
@@ -122,6 +126,8 @@ class VerifyBatch:
             raise ValueError("temperature: must be finite and >= 0 (0 means greedy)")
         if not np.isin(self.methods, [m.value for m in Method]).all():
             raise ValueError(f"methods: codes must be among {[m.value for m in Method]}")
+        if self.method_codes is not None and set(self.method_codes) != set(np.unique(self.methods).tolist()):
+            raise ValueError(f"method_codes: {self.method_codes} are not the distinct codes of methods")
         if self.max_drafts < int(np.max(np.diff(cu), initial=0)):
             raise ValueError("max_drafts: smaller than the widest request's draft count")
         slots = self.request_slots
@@ -156,6 +162,14 @@ def host(x) -> np.ndarray:
     """A small field (methods, seeds, rates) as a NumPy array, whether the batch holds arrays
     or device tensors (a device batch, see ``harness.device_trials``)."""
     return x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x)
+
+
+def method_codes(batch: VerifyBatch) -> np.ndarray:
+    """The distinct method codes of a batch, sorted: ``batch.method_codes`` when its builder
+    gave them, else read from ``methods`` (for a device batch, a device sync)."""
+    if batch.method_codes is not None:
+        return np.unique(np.asarray(batch.method_codes, dtype=np.int8))
+    return np.unique(host(batch.methods))
 
 
 def checked_outputs(result, num_requests: int, max_drafts: int):

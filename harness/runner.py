@@ -86,12 +86,29 @@ def planned_trials(scenario: Scenario, profile: Profile) -> tuple[list, list[che
 
 def sample_scenario(backend, scenario: Scenario, templates, count: int, profile: Profile) -> list[TemplateTally]:
     """Run ``count`` trials of every template through ``backend``; return the tallies."""
-    probe = trials(scenario, templates, 0, 1).batch  # what a backend supports depends on the templates only
-    reason = backend.supports(probe) if hasattr(backend, "supports") else None
-    if reason:
-        raise Unsupported(reason)
+    return start_scenario(backend, scenario, templates, count, profile).tallies()
+
+
+class Started:
+    """A scenario's sampling, queued: ``tallies()`` waits for its counts. ``pending``: the
+    device may still be working on it (the host can prepare the next scenario meanwhile)."""
+
+    def __init__(self, tallies, pending: bool):
+        self._tallies, self.pending = tallies, pending
+
+    def tallies(self) -> list[TemplateTally]:
+        return self._tallies() if self.pending else self._tallies
+
+
+def start_scenario(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
+    """``sample_scenario`` up to its last wait: batches built and tallied on a GPU are left
+    queued there, only the host path's tallies are complete."""
+    if hasattr(backend, "supports"):  # what a backend supports depends on the templates only: one trial asks
+        reason = backend.supports(trials(scenario, templates, 0, 1).batch)
+        if reason:
+            raise Unsupported(reason)
     if getattr(backend, "device_batches", False):
-        return _sample_on_device(backend, scenario, templates, count, profile)
+        return Started(_sample_on_device(backend, scenario, templates, count, profile), pending=True)
     tallies = [TemplateTally(t.effective_drafts, scenario.vocab_size) for t in templates]
     chunk = _chunk_trials(scenario, templates, profile.chunk_elements)
     done = 0
@@ -103,11 +120,12 @@ def sample_scenario(backend, scenario: Scenario, templates, count: int, profile:
         tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
         add_outputs(tallies, tokens, emitted, tr.drafts, done)
         done += n
-    return tallies
+    return Started(tallies, pending=False)
 
 
 # A row passed as a stride-0 view costs the backend its per-row scratch only (statistics per
-# vocabulary tile, indices): counted as this many logits against the memory budget.
+# vocabulary tile, indices): counted as this many logits against the memory budget, at any
+# vocabulary (the scratch does not shrink with it).
 VIEW_ROW_ELEMENTS = 1024
 
 
@@ -133,11 +151,15 @@ def device_trials(backend, scenario: Scenario, templates, count: int, profile: P
     built.prepare(count)
     budget = profile.chunk_elements if device == "cpu" else device_chunk_elements(profile)
     views = built.shared_target and (built.shared_draft or not scenario.draft_probs)
-    return built, min(_chunk_trials(scenario, templates, budget, VIEW_ROW_ELEMENTS if views else None), count)
+    chunk = _chunk_trials(scenario, templates, budget, VIEW_ROW_ELEMENTS if views else None)
+    # An even chunk starts every chunk's slices of the run-long int64 fields (positions,
+    # seeds, drafts) 16-byte aligned: Triton compiles a kernel again for each alignment.
+    return built, count if chunk >= count else max(1, chunk - chunk % 2)
 
 
-def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile) -> list[TemplateTally]:
-    """Inputs built and outputs tallied on the backend's device (``harness.device_trials``)."""
+def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile):
+    """Inputs built and outputs tallied on the backend's device (``harness.device_trials``);
+    returns the function that waits for the counts and gives the tallies."""
     from harness.device_tally import DeviceTally
 
     built, chunk = device_trials(backend, scenario, templates, count, profile)
@@ -150,7 +172,7 @@ def _sample_on_device(backend, scenario: Scenario, templates, count: int, profil
         tokens, emitted = checked_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts)
         tally.add(tokens, emitted, done)
         done += n
-    return tally.finish(built.drafts)
+    return tally.start_finish(built.drafts)
 
 
 def split_source(name: str) -> tuple[str, str | None]:
@@ -212,16 +234,62 @@ def sample_one(backend, scenario: Scenario, profile: Profile, count: int, time_b
     """("tallies", tallies, seconds, [(start, end)] of the ``backend.sample`` calls or None) |
     ("unsupported", reason) | ("error", message). ``time_backend``: measure the calls (off
     by default: on CUDA it synchronizes around every call)."""
+    return start_one(backend, scenario, profile, count, time_backend).outcome()
+
+
+class StartedOne:
+    """``start_one``'s result: ``outcome()`` waits for the scenario's outcome."""
+
+    def __init__(self, started: Started | None, outcome: tuple | None = None, t0=0.0, timed=None):
+        self.pending = started is not None and started.pending
+        self._started, self._outcome, self._t0, self._timed = started, outcome, t0, timed
+
+    def outcome(self) -> tuple:
+        if self._outcome is None:
+            try:
+                tallies = self._started.tallies()
+                self._outcome = ("tallies", tallies, time.perf_counter() - self._t0, self._timed.calls if self._timed else None)
+            except Exception as e:
+                self._outcome = _failure(e)
+            self._started = None  # its device buffers go
+        return self._outcome
+
+
+def start_one(backend, scenario: Scenario, profile: Profile, count: int, time_backend: bool = False) -> StartedOne:
+    """``sample_one`` up to its last wait (``start_scenario``); an error raised here is the
+    outcome. Its seconds run from here to the counts' arrival."""
     try:
         templates = materialize(scenario)
         timed = TimedBackend(backend) if time_backend else None
         t0 = time.perf_counter()
-        tallies = sample_scenario(timed or backend, scenario, templates, count, profile)
-        return ("tallies", tallies, time.perf_counter() - t0, timed.calls if timed else None)
-    except Unsupported as e:
-        return ("unsupported", str(e))
+        return StartedOne(start_scenario(timed or backend, scenario, templates, count, profile), None, t0, timed)
     except Exception as e:
-        return ("error", "".join(traceback.format_exception_only(type(e), e)).strip())
+        return StartedOne(None, _failure(e))
+
+
+def _failure(e: Exception) -> tuple:
+    if isinstance(e, Unsupported):
+        return ("unsupported", str(e))
+    return ("error", "".join(traceback.format_exception_only(type(e), e)).strip())
+
+
+def sample_stream(backend, work, profile: Profile, time_backend: bool = False, ready=None):
+    """(scenario, ``sample_one``'s outcome) for each (scenario, trials) of ``work``, in order,
+    one scenario ahead on a GPU: scenario i + 1 is prepared and queued before scenario i's
+    counts are read, so the device works while the host builds the next inputs. ``ready()``
+    says whether the next item can be had without waiting (None: take it, waiting if need
+    be); when it cannot, the scenario in hand is finished first."""
+    held = None  # (scenario, StartedOne) queued, outcome not yet read
+    for scenario, count in work:
+        started = start_one(backend, scenario, profile, count, time_backend)
+        if held is not None:
+            yield held[0], held[1].outcome()
+        held = (scenario, started)
+        if not started.pending or (ready is not None and not ready()):
+            yield scenario, started.outcome()
+            held = None
+    if held is not None:
+        yield held[0], held[1].outcome()
 
 
 def _in_process(name, work, profile, device, timeout, gpu=None, time_backend=False, turns=None):  # turns: see Sampling
@@ -233,8 +301,7 @@ def _in_process(name, work, profile, device, timeout, gpu=None, time_backend=Fal
     from harness.environment import backend_environment
 
     yield None, ("environment", backend_environment())
-    for scenario, count in work:
-        yield scenario, sample_one(backend, scenario, profile, count, time_backend)
+    yield from sample_stream(backend, work, profile, time_backend)
 
 
 class Plans:

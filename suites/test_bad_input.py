@@ -33,6 +33,7 @@ def good_batch(**changes) -> VerifyBatch:
 
 def test_good_batch_validates():
     good_batch().validate()
+    good_batch(method_codes=(0,)).validate()
 
 
 @pytest.mark.parametrize(
@@ -56,6 +57,7 @@ def test_good_batch_validates():
         (dict(max_drafts=1), "max_drafts"),
         (dict(request_slots=np.array([3, 3])), "request_slots"),
         (dict(logits_dtype="int8"), "logits_dtype"),
+        (dict(method_codes=(0, 2)), "method_codes"),
     ],
 )
 def test_malformed_batches_name_the_field(changes, name):

@@ -64,7 +64,7 @@ def test_device_batches_equal_host_batches(name, path):
     templates = materialize(s)
     built = device_trials.DeviceTrials(s, templates, path[0], kernels=path[1])
     built.prepare(1007)
-    for first, count in ((0, 5), (5, 5), (1000, 7)):
+    for first, count in ((0, 5), (5, 5), (1000, 7), (10, 3)):  # 3 after 7: a prefix of the rows repeated for 7
         host = trials(s, templates, first, count)
         batch, drafts = built.chunk(first, count)
         assert np.array_equal(drafts.cpu().numpy(), host.drafts)
@@ -79,6 +79,7 @@ def test_device_batches_equal_host_batches(name, path):
             if want is not None:
                 assert np.array_equal(got.float().cpu().numpy(), want, equal_nan=True), field
         assert batch.logits_dtype == s.dtype and batch.max_drafts == host.batch.max_drafts
+        assert batch.method_codes == tuple(np.unique(host.batch.methods).tolist())
     with pytest.raises(ValueError, match="outside the prepared range"):
         built.chunk(1005, 5)
 

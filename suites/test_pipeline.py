@@ -13,6 +13,7 @@ from harness.catalog import catalog
 from harness.profiles import get_profile
 from harness.runner import load_for_device, planned_trials, run, sample_scenario
 from harness.worker import device_turn, sample_isolated
+from reference.methods import Method
 from suites.test_isolation import MARK
 
 PROFILE = get_profile("smoke")
@@ -184,3 +185,53 @@ def test_a_worker_taking_turns_delivers_every_outcome(tmp_path):
     work = [(s, 50) for s in SCENARIOS[:2]]
     stream = sample_isolated("reference", iter(work), PROFILE, "cpu", 120, None, False, str(tmp_path))
     assert [outcome[0] for _, outcome in stream] == ["environment", "tallies", "tallies"]
+
+
+class DeviceReference:
+    """The reference sampler taking device batches (CPU tensors here): the runner's device
+    path, whose scenarios stay queued until their counts are read, on any machine. Fails
+    on block verification, to put an error between two good scenarios."""
+
+    name, device, device_batches = "device-reference", "cpu", True
+
+    def __init__(self, log: list):
+        self._reference, self._log = load_for_device("reference", "cpu"), log
+
+    def sample(self, batch):
+        import dataclasses
+
+        import torch
+
+        self._log.append(("sample", batch.vocab_size, int(batch.methods[0])))
+        if int(batch.methods[0]) == Method.BLOCK:
+            raise RuntimeError("no block verification here")
+        host = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+        host = dataclasses.replace(batch, **{k: v.numpy() for k, v in host.items() if isinstance(v, torch.Tensor)})
+        tokens, emitted = self._reference.sample(host)
+        return torch.as_tensor(tokens), torch.as_tensor(emitted)
+
+
+def outcome_fields(outcome):
+    if outcome[0] != "tallies":
+        return outcome
+    return ("tallies", [(t.trials, t.violations, t.outcome.tolist(), t.steps.tolist()) for t in outcome[1]])
+
+
+@pytest.mark.parametrize("ready", [None, lambda: False], ids=["one-ahead", "next-never-ready"])
+def test_the_stream_queues_the_next_scenario_first_and_gives_sample_ones_outcomes(ready, monkeypatch):
+    log = []
+    backend = DeviceReference(log)
+    work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
+    expected = [outcome_fields(runner.sample_one(backend, s, PROFILE, n)) for s, n in work]
+    assert [o[0] for o in expected] == ["error" if s.method == "block" else "tallies" for s, _ in work]
+
+    waits = runner.Started.tallies
+    monkeypatch.setattr(runner.Started, "tallies", lambda self: log.append(("wait",)) or waits(self))
+    log.clear()
+    streamed = list(runner.sample_stream(backend, iter(work), PROFILE, ready=ready))
+    assert [s.name for s, _ in streamed] == [s.name for s, _ in work]
+    assert [outcome_fields(o) for _, o in streamed] == expected
+    # One ahead: the second scenario's first call comes before the first scenario's wait;
+    # never ready: each scenario is waited for before the next one samples.
+    first_wait, second_call = log.index(("wait",)), next(i for i, e in enumerate(log) if e[0] == "sample" and e[2] != log[0][2])
+    assert (second_call < first_wait) == (ready is None)

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from harness.backends import rows
-from harness.protocol import host
+from harness.protocol import method_codes
 from harness.triton_faults import TRITON_FAULTS
 from reference.methods import Method
 from reference.rng import Stream
@@ -993,13 +993,10 @@ class TritonBackend:
             cuda=self.device == "cuda",
             vocab=batch.vocab_size,
         )
-        if not (fused and getattr(batch.methods, "is_cuda", False)):  # reading a CUDA batch's methods synchronizes
-            methods = host(batch.methods)
-            flags = dict(
-                has_strict=bool((methods == Method.STRICT).any()),
-                has_block=bool((methods == Method.BLOCK).any()),
-                has_synthetic=bool((methods == Method.SYNTHETIC).any()),
-            )
+        # Reading a CUDA batch's methods synchronizes: worth it for the staged path only.
+        if batch.method_codes is not None or not (fused and getattr(batch.methods, "is_cuda", False)):
+            codes = method_codes(batch)
+            flags = {f"has_{m.name.lower()}": bool(m in codes) for m in (Method.STRICT, Method.BLOCK, Method.SYNTHETIC)}
         t = batch.to_torch(self.device)
         # The interpreter reads fp32; CUDA reads the batch's dtype (half the bytes for bf16 / fp16).
         dtype = torch.float32 if self.device == "cpu" else getattr(torch, getattr(batch, "logits_dtype", "float32"))

@@ -35,7 +35,7 @@ import numpy as np
 
 from harness.backends import rows, vllm_env
 from harness.backends.memo import LogitsMemo
-from harness.protocol import host
+from harness.protocol import host, method_codes
 from reference.methods import Method
 
 _UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
@@ -210,7 +210,7 @@ class _Layout:
 
 
 def _single_method(batch) -> Method | None:
-    methods = np.unique(host(batch.methods))
+    methods = method_codes(batch)
     return Method(int(methods[0])) if methods.size == 1 else None
 
 

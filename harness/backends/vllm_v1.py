@@ -37,7 +37,7 @@ import numpy as np
 
 from harness.backends import vllm_env
 from harness.backends.memo import LogitsMemo
-from harness.protocol import host
+from harness.protocol import host, method_codes
 from reference.methods import Method
 from reference.rng import Stream, hash64
 
@@ -84,7 +84,7 @@ class VllmV1Backend:
         self._fn, self._params, self._metadata_cls = _discover()
 
     def supports(self, batch) -> str | None:
-        methods = np.unique(host(batch.methods))
+        methods = method_codes(batch)
         if methods.size > 1:
             return "mixes verification methods in one batch (vLLM V1 verifies a batch with one method)"
         method = Method(int(methods[0]))
@@ -139,7 +139,7 @@ class VllmV1Backend:
 
             draft_probs = self._memo.get("draft", f["draft_logits"], draft_temperature, probs)
         kwargs = {}
-        method = Method(int(host(batch.methods)[0]))
+        method = Method(int(method_codes(batch)[0]))
         if method is Method.SYNTHETIC:
             kwargs = dict(synthetic_mode=True, synthetic_conditional_rates=f["synthetic_rates"][0].to(torch.float32))
         if self.use_fp64_gumbel and "use_fp64_gumbel" in self._params:
