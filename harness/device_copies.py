@@ -30,7 +30,7 @@ class Download:
         self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         self._host.copy_(tensor, non_blocking=True)
         self._event = torch.cuda.Event()
-        self._event.record()
+        self._event.record(torch.cuda.current_stream(tensor.device))  # the stream the copy went to
 
     def array(self) -> np.ndarray:
         """The host array (it keeps its page-locked block while referenced)."""

@@ -240,15 +240,17 @@ def sample_one(backend, scenario: Scenario, profile: Profile, count: int, time_b
 class StartedOne:
     """``start_one``'s result: ``outcome()`` waits for the scenario's outcome."""
 
-    def __init__(self, started: Started | None, outcome: tuple | None = None, t0=0.0, timed=None):
+    def __init__(self, started: Started | None, outcome: tuple | None = None, seconds=0.0, timed=None):
         self.pending = started is not None and started.pending
-        self._started, self._outcome, self._t0, self._timed = started, outcome, t0, timed
+        self._started, self._outcome, self._seconds, self._timed = started, outcome, seconds, timed
 
     def outcome(self) -> tuple:
         if self._outcome is None:
             try:
+                t0 = time.perf_counter()
                 tallies = self._started.tallies()
-                self._outcome = ("tallies", tallies, time.perf_counter() - self._t0, self._timed.calls if self._timed else None)
+                seconds = self._seconds + time.perf_counter() - t0
+                self._outcome = ("tallies", tallies, seconds, self._timed.calls if self._timed else None)
             except Exception as e:
                 self._outcome = _failure(e)
             self._started = None  # its device buffers go
@@ -257,12 +259,14 @@ class StartedOne:
 
 def start_one(backend, scenario: Scenario, profile: Profile, count: int, time_backend: bool = False) -> StartedOne:
     """``sample_one`` up to its last wait (``start_scenario``); an error raised here is the
-    outcome. Its seconds run from here to the counts' arrival."""
+    outcome. Its seconds are those spent here and in waiting for its counts, not the next
+    scenario's start in between (``sample_stream``)."""
     try:
         templates = materialize(scenario)
         timed = TimedBackend(backend) if time_backend else None
         t0 = time.perf_counter()
-        return StartedOne(start_scenario(timed or backend, scenario, templates, count, profile), None, t0, timed)
+        started = start_scenario(timed or backend, scenario, templates, count, profile)
+        return StartedOne(started, None, time.perf_counter() - t0, timed)
     except Exception as e:
         return StartedOne(None, _failure(e))
 
