@@ -94,10 +94,10 @@ class Started:
     device may still be working on it (the host can prepare the next scenario meanwhile)."""
 
     def __init__(self, tallies, pending: bool):
-        self._tallies, self.pending = tallies, pending
+        self._tallies, self.pending = tallies, pending  # tallies: the function that waits for them
 
     def tallies(self) -> list[TemplateTally]:
-        return self._tallies() if self.pending else self._tallies
+        return self._tallies()
 
 
 def start_scenario(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
@@ -120,7 +120,7 @@ def start_scenario(backend, scenario: Scenario, templates, count: int, profile: 
         tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
         add_outputs(tallies, tokens, emitted, tr.drafts, done)
         done += n
-    return Started(tallies, pending=False)
+    return Started(lambda: tallies, pending=False)
 
 
 # A row passed as a stride-0 view costs the backend its per-row scratch only (statistics per
@@ -277,19 +277,17 @@ def _failure(e: Exception) -> tuple:
     return ("error", "".join(traceback.format_exception_only(type(e), e)).strip())
 
 
-def sample_stream(backend, work, profile: Profile, time_backend: bool = False, ready=None):
+def sample_stream(backend, work, profile: Profile, time_backend: bool = False):
     """(scenario, ``sample_one``'s outcome) for each (scenario, trials) of ``work``, in order,
     one scenario ahead on a GPU: scenario i + 1 is prepared and queued before scenario i's
-    counts are read, so the device works while the host builds the next inputs. ``ready()``
-    says whether the next item can be had without waiting (None: take it, waiting if need
-    be); when it cannot, the scenario in hand is finished first."""
+    counts are read, so the device works while the host builds the next inputs."""
     held = None  # (scenario, StartedOne) queued, outcome not yet read
     for scenario, count in work:
         started = start_one(backend, scenario, profile, count, time_backend)
         if held is not None:
             yield held[0], held[1].outcome()
         held = (scenario, started)
-        if not started.pending or (ready is not None and not ready()):
+        if not started.pending:  # complete already: nothing to overlap
             yield scenario, started.outcome()
             held = None
     if held is not None:

@@ -217,8 +217,7 @@ def outcome_fields(outcome):
     return ("tallies", [(t.trials, t.violations, t.outcome.tolist(), t.steps.tolist()) for t in outcome[1]])
 
 
-@pytest.mark.parametrize("ready", [None, lambda: False], ids=["one-ahead", "next-never-ready"])
-def test_the_stream_queues_the_next_scenario_first_and_gives_sample_ones_outcomes(ready, monkeypatch):
+def test_the_stream_queues_the_next_scenario_first_and_gives_sample_ones_outcomes(monkeypatch):
     log = []
     backend = DeviceReference(log)
     work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
@@ -228,10 +227,9 @@ def test_the_stream_queues_the_next_scenario_first_and_gives_sample_ones_outcome
     waits = runner.Started.tallies
     monkeypatch.setattr(runner.Started, "tallies", lambda self: log.append(("wait",)) or waits(self))
     log.clear()
-    streamed = list(runner.sample_stream(backend, iter(work), PROFILE, ready=ready))
+    streamed = list(runner.sample_stream(backend, iter(work), PROFILE))
     assert [s.name for s, _ in streamed] == [s.name for s, _ in work]
     assert [outcome_fields(o) for _, o in streamed] == expected
-    # One ahead: the second scenario's first call comes before the first scenario's wait;
-    # never ready: each scenario is waited for before the next one samples.
+    # One ahead: the second scenario's first call comes before the first scenario's wait.
     first_wait, second_call = log.index(("wait",)), next(i for i, e in enumerate(log) if e[0] == "sample" and e[2] != log[0][2])
-    assert (second_call < first_wait) == (ready is None)
+    assert second_call < first_wait
