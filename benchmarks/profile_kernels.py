@@ -4,7 +4,9 @@ sampler's small-batch time goes against vLLM MRV2's, on ``bench_kernels``' input
 Run on a GPU machine: ``python benchmarks/profile_kernels.py --json OUT.json [--shapes B,K,V;...]``.
 Each implementation is called ``--calls`` times after a warm-up; a kernel's time is its mean
 device duration per call. The sum over kernels is the device time a CUDA graph replay cannot
-go below (launch gaps come on top).
+go below (launch gaps come on top). ``host_us``: the host's time to queue one call (no
+synchronization between calls), what an eager call costs where it exceeds the device time;
+``--host-profile FILE``: cProfile of those calls, by own time, per implementation and shape.
 """
 
 import argparse
@@ -42,22 +44,53 @@ def kernel_times(call, calls: int) -> dict:
     return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))
 
 
+def host_time(call, calls: int, profile_to=None) -> float:
+    """Mean host microseconds to queue one call (the device synchronized before and after
+    the timed calls only); with ``profile_to`` (an open file) the calls run under cProfile."""
+    import cProfile
+    import pstats
+    import time
+
+    call()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile() if profile_to else None
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    for _ in range(calls):
+        call()
+    if prof:
+        prof.disable()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    if prof:
+        pstats.Stats(prof, stream=profile_to).sort_stats("tottime").print_stats(25)
+    return host
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", required=True)
     ap.add_argument("--shapes", default=SHAPES, help=f"B,K,V;... (default {SHAPES})")
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--host-profile", help="write cProfile tables of each implementation's calls to this file")
     ap.add_argument("--impls", default="triton-fused,triton-staged,vllm-mrv2")
     args = ap.parse_args()
     makers = {"vllm-mrv2": mrv2_call} | {f"triton-{p}": functools.partial(triton_call, path=p) for p in ("auto", "fused", "staged")}
     rows = []
+    host_profile = open(args.host_profile, "w") if args.host_profile else None
     for shape in args.shapes.split(";"):
         b, k, v = (int(n) for n in shape.split(","))
         x = inputs(b, k, v)
         for name in args.impls.split(","):
             try:
-                kernels = kernel_times(makers[name](x, b, k, v), args.calls)
+                call = makers[name](x, b, k, v)
+                kernels = kernel_times(call, args.calls)
                 row = {"B": b, "K": k, "V": v, "impl": name, "kernels_us": kernels, "sum_us": sum(kernels.values())}
+                row["host_us"] = host_time(call, args.calls)
+                if host_profile:
+                    print(f"\n##### {name} B={b} K={k} V={v}", file=host_profile)
+                    host_time(call, args.calls, host_profile)
             except Exception as e:  # one implementation failing a shape is its own result
                 row = {"B": b, "K": k, "V": v, "impl": name, "error": f"{type(e).__name__}: {e}"[:300]}
             rows.append(row)

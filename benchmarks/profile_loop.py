@@ -14,13 +14,14 @@ tally's copy to the host) against the backend alone on the same batches (``backe
 every batch of the scenario built first, then the backend's calls back to back, the device
 synchronized before the first and after the last), each scenario's fastest of ``--repeat``
 passes. overhead = 1 - backend_alone / loop. ``stream``: the whole catalog as a run samples
-it (``runner.sample_stream``, the next scenario queued before this one's counts are read;
-materializing the templates included), the fastest of ``--repeat`` passes, against the
-same backend-alone total.
+it (``runner.sample_stream``: scenarios queued while the oldest one's counts are not back,
+up to ``runner.STREAM_AHEAD`` ahead; materializing the templates included; ``--compare-ahead
+N``: N ahead as well), the fastest of ``--repeat`` passes, against the same backend-alone total.
 
 GPU machine: ``python benchmarks/profile_loop.py --backend triton --json OUT.json``
 (``--trace DIR``: a torch.profiler trace of one more stream pass, phases labelled, and
-where the GPU stood idle in it).
+where the GPU stood idle in it; ``--host-profile FILE``: cProfile of one more stream pass,
+the host's Python functions by own and cumulative time).
 """
 
 import argparse
@@ -69,7 +70,7 @@ def one_pass(backend, planned, profile):
     return per_scenario
 
 
-def stream_pass(backend, planned, profile) -> float:
+def stream_pass(backend, planned, profile, ahead: int = runner.STREAM_AHEAD) -> float:
     """Wall seconds of the catalog sampled as a run samples it (``runner.sample_stream``:
     each scenario materialized, prepared and queued before the previous one's counts are
     read), the device synchronized before and after."""
@@ -77,7 +78,7 @@ def stream_pass(backend, planned, profile) -> float:
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in runner.sample_stream(backend, ((s, count) for s, _, count in planned), profile):
+    for _ in runner.sample_stream(backend, ((s, count) for s, _, count in planned), profile, ahead=ahead):
         pass
     torch.cuda.synchronize()
     return time.perf_counter() - t0
@@ -99,6 +100,18 @@ def traced_pass(backend, planned, profile, folder: str) -> dict:
         f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=60))
     with open(trace) as f:
         return idle(json.load(f)["traceEvents"], set(labelled.parts))
+
+
+def host_profiled_pass(backend, planned, profile, path: str) -> None:
+    """One more stream pass under cProfile: where the host's time goes, function by function."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(stream_pass, backend, planned, profile)
+    with open(path, "w") as f:
+        for key in ("tottime", "cumulative"):
+            pstats.Stats(prof, stream=f).sort_stats(key).print_stats(45)
 
 
 GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -143,22 +156,25 @@ def main() -> int:
     ap.add_argument("--scenario", action="append", help="only these catalog scenarios (repeatable)")
     ap.add_argument("--json", required=True)
     ap.add_argument("--trace", help="write a torch.profiler trace of one more pass to this folder")
+    ap.add_argument("--host-profile", help="write a cProfile table of one more stream pass to this file")
+    ap.add_argument("--compare-ahead", type=int, help="also time stream passes that run this many scenarios ahead")
     ap.add_argument("--repeat", type=int, default=5, help="passes of the loop and of the backend alone (the fastest counts)")
     args = ap.parse_args()
     profile = get_profile(args.profile)
     backend = runner.load_for_device(args.backend, "cuda")
     planned = []
-    for s in catalog(profile):
-        if args.scenario and s.name not in args.scenario:
-            continue
-        templates, _, count = runner.planned_trials(s, profile)
-        planned.append((s, templates, count))
+    scenarios = [s for s in catalog(profile) if not args.scenario or s.name in args.scenario]
+    for i in runner.sampling_order(scenarios):  # as a run samples them
+        templates, _, count = runner.planned_trials(scenarios[i], profile)
+        planned.append((scenarios[i], templates, count))
     one_pass(backend, planned, profile)  # compiles, module loading
     # As a run executes it (nothing added), and the backend alone: each scenario's fastest of
     # ``--repeat`` passes of each, taken in turn, so that both see the same machine.
-    loops, alones, streams = [], [], []
+    loops, alones, streams, shallow = [], [], [], []
     for _ in range(args.repeat):
         streams.append(stream_pass(backend, planned, profile))
+        if args.compare_ahead:
+            shallow.append(stream_pass(backend, planned, profile, args.compare_ahead))
         loops.append(one_pass(backend, planned, profile))
         sampled = {r["scenario"] for r in loops[0] if r["status"] == "sampled"}
         alones.append({s.name: backend_alone(backend, s, t, n, profile) for s, t, n in planned if s.name in sampled})
@@ -182,15 +198,29 @@ def main() -> int:
         "scenarios": len(plain),
         "sampled": len(sampled),
         "overhead": {"loop_s": loop_s, "backend_alone_s": sum(alone.values()), "overhead": 1 - sum(alone.values()) / loop_s},
-        "stream": {"wall_s": min(streams), "passes_s": streams, "overhead": 1 - sum(alone.values()) / min(streams)},
+        "stream": {
+            "ahead": runner.STREAM_AHEAD,
+            "wall_s": min(streams),
+            "passes_s": streams,
+            "overhead": 1 - sum(alone.values()) / min(streams),
+        },
         "calls_timed": {"loop_s": plain_s, "backend_calls_s": calls, "outside_calls_s": plain_s - calls, "calls": len(timed.calls)},
         "phases_s": dict(sorted(timed_phases.seconds.items(), key=lambda kv: -kv[1])),
         "synchronized_loop_s": sum(r["seconds"] for r in per_scenario),
         "per_scenario": per_scenario,
     }
+    if shallow:
+        result["stream_compared"] = {
+            "ahead": args.compare_ahead,
+            "wall_s": min(shallow),
+            "passes_s": shallow,
+            "overhead": 1 - sum(alone.values()) / min(shallow),
+        }
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k not in ("per_scenario", "environment")}, indent=1))
+    if args.host_profile:
+        host_profiled_pass(backend, planned, profile, args.host_profile)
     if args.trace:
         result["stream_trace"] = traced_pass(backend, planned, profile, args.trace)
         with open(args.json, "w") as f:

@@ -32,6 +32,10 @@ class Download:
         self._event = torch.cuda.Event()
         self._event.record(torch.cuda.current_stream(tensor.device))  # the stream the copy went to
 
+    def ready(self) -> bool:
+        """Whether the copy has landed (``array()`` would not wait)."""
+        return self._event is None or self._event.query()
+
     def array(self) -> np.ndarray:
         """The host array (it keeps its page-locked block while referenced)."""
         if self._event is not None:

@@ -35,11 +35,11 @@ class DeviceTally:
         """Counts of trials [0, filled), whose drafts are ``drafts [trials, T, K]``: every
         template in one pass, one copy of the offsets in and one of the counts out, whatever
         the number of templates."""
-        return self.start_finish(drafts)()
+        return self.start_finish(drafts).tallies()
 
-    def start_finish(self, drafts: torch.Tensor):
+    def start_finish(self, drafts: torch.Tensor) -> "QueuedTallies":
         """``finish`` in two steps: the count and its copy to the host are queued now; the
-        function returned waits for them and gives the tallies."""
+        result's ``tallies()`` waits for them."""
         n, vocab = self.filled, self.vocab
         tok, num, drafts = self.tokens[:n], self.emitted[:n], drafts[:n]
         # Every template's cells in one count: its outcomes [(d+1), V] then, after all
@@ -57,7 +57,7 @@ class DeviceTally:
         else:
             counted = self._count(tok, num, drafts, *offsets, cells)
         download = Download(counted)  # through page-locked memory: 33 MB at V = 152,064, K = 8
-        return lambda: self._tallies(download.array(), tok, num, drafts, sizes, outcome_at, steps_at)
+        return QueuedTallies(download, lambda host: self._tallies(host, tok, num, drafts, sizes, outcome_at, steps_at))
 
     def _tallies(self, host, tok, num, drafts, sizes, outcome_at, steps_at) -> list[TemplateTally]:
         n, vocab, cells = self.filled, self.vocab, 3 * sum(sizes)
@@ -100,3 +100,17 @@ class DeviceTally:
         trial = torch.arange(ok.shape[0], device=tok.device)[:, None]
         first_bad = torch.where(ok, ok.shape[0], trial).min(dim=0).values if ok.shape[0] else torch.zeros_like(d_dev)
         return torch.cat([counts[:-1], (~ok).sum(dim=0), first_bad])
+
+
+class QueuedTallies:
+    """A scenario's counts, queued on the device: ``ready()`` says whether they have reached
+    the host, ``tallies()`` waits for them and gives the ``TemplateTally``s."""
+
+    def __init__(self, download: Download, make):
+        self._download, self._make = download, make
+
+    def ready(self) -> bool:
+        return self._download.ready()
+
+    def tallies(self) -> list[TemplateTally]:
+        return self._make(self._download.array())

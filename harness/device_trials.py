@@ -152,8 +152,8 @@ class DeviceTrials:
             return target[: count * self.target_block.shape[0]], None if draft is None else draft[: count * self.draft_block.shape[0]]
         if tiled != count:
             self._tiled = (None, None, None)  # free the old chunk's logits first
-            draft = _rows(self.draft_block, count, self.shared_draft) if self.scenario.draft_probs else None
-            self._tiled = (count, _rows(self.target_block, count, self.shared_target), draft)
+            draft = _rows(self.draft_block, count, self.shared_draft, self.kernels) if self.scenario.draft_probs else None
+            self._tiled = (count, _rows(self.target_block, count, self.shared_target, self.kernels), draft)
         return self._tiled[1], self._tiled[2]
 
     def prepare(self, total: int) -> None:
@@ -268,12 +268,15 @@ def _upload(arrays: dict, device, dtype) -> dict:
     return {name: whole[at : at + f.size].view(np.shape(a)) for (name, a), f, at in zip(arrays.items(), flat, starts)}
 
 
-def _rows(block: torch.Tensor, count: int, shared: bool) -> torch.Tensor:
-    """``block`` repeated ``count`` times: a stride-0 view of its one row when ``shared``.
-    (Repeating by doubling, a memcpy per step, saved little GPU time and cost 0.5 ms of
-    host time per repeat: measured on an H100, session 9.)"""
+def _rows(block: torch.Tensor, count: int, shared: bool, kernels: bool) -> torch.Tensor:
+    """``block`` repeated ``count`` times: a stride-0 view of its one row when ``shared``;
+    with ``kernels``, one vectorized launch (``device_kernels.repeat_rows``)."""
     if shared:
         return block[:1].expand(count * block.shape[0], block.shape[1])
+    if kernels:
+        from harness.device_kernels import repeat_rows
+
+        return repeat_rows(block, count)
     return block.repeat(count, 1)
 
 

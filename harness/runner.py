@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,10 +92,15 @@ def sample_scenario(backend, scenario: Scenario, templates, count: int, profile:
 
 class Started:
     """A scenario's sampling, queued: ``tallies()`` waits for its counts. ``pending``: the
-    device may still be working on it (the host can prepare the next scenario meanwhile)."""
+    device may still be working on it (the host can prepare the next scenarios meanwhile);
+    ``ready()`` says whether it still is."""
 
-    def __init__(self, tallies, pending: bool):
-        self._tallies, self.pending = tallies, pending  # tallies: the function that waits for them
+    def __init__(self, tallies, ready=None):
+        # tallies: the function that waits for them; ready: None when they are complete already
+        self._tallies, self._ready, self.pending = tallies, ready, ready is not None
+
+    def ready(self) -> bool:
+        return self._ready is None or self._ready()
 
     def tallies(self) -> list[TemplateTally]:
         return self._tallies()
@@ -108,7 +114,8 @@ def start_scenario(backend, scenario: Scenario, templates, count: int, profile: 
         if reason:
             raise Unsupported(reason)
     if getattr(backend, "device_batches", False):
-        return Started(_sample_on_device(backend, scenario, templates, count, profile), pending=True)
+        queued = _sample_on_device(backend, scenario, templates, count, profile)
+        return Started(queued.tallies, queued.ready)
     tallies = [TemplateTally(t.effective_drafts, scenario.vocab_size) for t in templates]
     chunk = _chunk_trials(scenario, templates, profile.chunk_elements)
     done = 0
@@ -120,7 +127,7 @@ def start_scenario(backend, scenario: Scenario, templates, count: int, profile: 
         tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
         add_outputs(tallies, tokens, emitted, tr.drafts, done)
         done += n
-    return Started(lambda: tallies, pending=False)
+    return Started(lambda: tallies)
 
 
 # A row passed as a stride-0 view costs the backend its per-row scratch only (statistics per
@@ -159,7 +166,7 @@ def device_trials(backend, scenario: Scenario, templates, count: int, profile: P
 
 def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile):
     """Inputs built and outputs tallied on the backend's device (``harness.device_trials``);
-    returns the function that waits for the counts and gives the tallies."""
+    returns the counts queued there (``DeviceTally.start_finish``)."""
     from harness.device_tally import DeviceTally
 
     built, chunk = device_trials(backend, scenario, templates, count, profile)
@@ -244,6 +251,10 @@ class StartedOne:
         self.pending = started is not None and started.pending
         self._started, self._outcome, self._seconds, self._timed = started, outcome, seconds, timed
 
+    def ready(self) -> bool:
+        """Whether ``outcome()`` would not wait for the device."""
+        return self._started is None or self._started.ready()
+
     def outcome(self) -> tuple:
         if self._outcome is None:
             try:
@@ -277,21 +288,43 @@ def _failure(e: Exception) -> tuple:
     return ("error", "".join(traceback.format_exception_only(type(e), e)).strip())
 
 
-def sample_stream(backend, work, profile: Profile, time_backend: bool = False):
-    """(scenario, ``sample_one``'s outcome) for each (scenario, trials) of ``work``, in order,
-    one scenario ahead on a GPU: scenario i + 1 is prepared and queued before scenario i's
-    counts are read, so the device works while the host builds the next inputs."""
-    held = None  # (scenario, StartedOne) queued, outcome not yet read
+# How far a stream runs ahead on a GPU: scenarios queued there before the oldest one's counts
+# are read, while the process's tensors take less than this share of the device's memory.
+# Deep enough that the host prepares all of the `gpu` catalog's small scenarios (host-bound:
+# about 2 ms of host work each) while its large-vocabulary one samples (0.18 s on an H100);
+# 16 ahead left the last 20 to be prepared after it, with the device idle (session 10).
+STREAM_AHEAD = 64
+STREAM_MEMORY_SHARE = 0.25
+
+
+def sample_stream(backend, work, profile: Profile, time_backend: bool = False, ahead: int = STREAM_AHEAD):
+    """(scenario, ``sample_one``'s outcome) for each (scenario, trials) of ``work``, in order.
+    On a GPU the stream runs ahead: scenarios are prepared and queued while the oldest queued
+    one's counts are not back, up to ``ahead`` of them and ``STREAM_MEMORY_SHARE`` of the
+    device's memory, so the device works while the host builds the next inputs."""
+    queued = deque()  # (scenario, StartedOne), oldest first, outcomes not yet read
     for scenario, count in work:
-        started = start_one(backend, scenario, profile, count, time_backend)
-        if held is not None:
-            yield held[0], held[1].outcome()
-        held = (scenario, started)
-        if not started.pending:  # complete already: nothing to overlap
-            yield scenario, started.outcome()
-            held = None
-    if held is not None:
-        yield held[0], held[1].outcome()
+        queued.append((scenario, start_one(backend, scenario, profile, count, time_backend)))
+        while queued and (queued[0][1].ready() or len(queued) > ahead or _memory_full(backend)):
+            done, started = queued.popleft()
+            yield done, started.outcome()
+    while queued:
+        done, started = queued.popleft()
+        yield done, started.outcome()
+
+
+def _memory_full(backend) -> bool:
+    """Whether this process's tensors hold ``STREAM_MEMORY_SHARE`` of its GPU's share."""
+    if getattr(backend, "device", "cpu") != "cuda":
+        return False
+    import torch
+
+    device = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(device).total_memory
+    # The allocator's own counter: torch.cuda.memory_allocated flattens every statistic into a
+    # dict first, about 0.2 ms a call under cProfile (session 10).
+    allocated = torch._C._cuda_memoryStats(device)["allocated_bytes"]["all"]["current"]
+    return allocated > STREAM_MEMORY_SHARE * total / gpu_sharers()
 
 
 def _in_process(name, work, profile, device, timeout, gpu=None, time_backend=False, turns=None):  # turns: see Sampling
@@ -306,27 +339,42 @@ def _in_process(name, work, profile, device, timeout, gpu=None, time_backend=Fal
     yield from sample_stream(backend, work, profile, time_backend)
 
 
-class Plans:
-    """Every scenario's (checks, trials), planned in order by a background thread, once per
-    run for every backend: sampling starts with the first plan, not after the last."""
+def sampling_order(scenarios: list[Scenario]) -> list[int]:
+    """The scenarios' indices, the costliest per trial first (vocabulary x rows per trial;
+    catalog order among equals). A stream then queues the cheap scenarios, whose host work
+    outweighs their device work, while the device samples the large ones; on several GPUs
+    the round robin over this order spreads the large ones."""
 
-    def __init__(self, scenarios: list[Scenario], profile: Profile):
+    def cost(i: int) -> int:
+        s = scenarios[i]
+        return s.vocab_size * sum(r.num_drafts + 1 for r in s.requests)
+
+    return sorted(range(len(scenarios)), key=lambda i: -cost(i))
+
+
+class Plans:
+    """Every scenario's (checks, trials), planned by a background thread in ``order`` (the
+    sampling order; default catalog order), once per run for every backend: sampling starts
+    with the first plan, not after the last."""
+
+    def __init__(self, scenarios: list[Scenario], profile: Profile, order: list[int] | None = None):
         self.seconds = 0.0  # spent planning (while other threads run, so a little more than alone)
         self._scenarios = scenarios
         self._plans: list = [None] * len(scenarios)
         self._done = [threading.Event() for _ in scenarios]
         self._error: BaseException | None = None
         self._cancelled = threading.Event()
-        self._thread = threading.Thread(target=self._plan_all, args=(scenarios, profile), name="planning", daemon=True)
+        order = range(len(scenarios)) if order is None else order
+        self._thread = threading.Thread(target=self._plan_all, args=(scenarios, profile, order), name="planning", daemon=True)
         self._thread.start()
 
-    def _plan_all(self, scenarios, profile) -> None:
+    def _plan_all(self, scenarios, profile, order) -> None:
         try:
-            for i, scenario in enumerate(scenarios):
+            for i in order:
                 if self._cancelled.is_set():
                     break
                 t0 = time.perf_counter()
-                self._plans[i] = planned_trials(scenario, profile)[1:]  # the templates are not kept
+                self._plans[i] = planned_trials(scenarios[i], profile)[1:]  # the templates are not kept
                 self.seconds += time.perf_counter() - t0
                 self._done[i].set()
         except BaseException as e:  # raised to whoever asks for this plan or a later one
@@ -357,9 +405,12 @@ class Sampling:
     """One backend's sampling, started at once and fed work as it is planned: ``outcome(i)``
     waits for scenario i's. ``work(i)`` gives (scenario, trials), waiting for its plan, or
     None when there is none (the run stops there). A load failure gives every remaining
-    scenario of the shard ("load-error", why). ``gpus`` > 1: shard i % gpus on GPU i."""
+    scenario of the shard ("load-error", why). Scenarios are sampled in ``order`` (indices;
+    default 0..size-1); ``gpus`` > 1: GPU g takes the items at g, g + gpus, ... of it."""
 
-    def __init__(self, name, size, work, profile, device, isolate, timeout, gpus=1, progress=None, time_backend=False, turns=None):
+    def __init__(
+        self, name, size, work, profile, device, isolate, timeout, gpus=1, progress=None, time_backend=False, turns=None, order=None
+    ):
         self.outcomes: list = [None] * size
         self.environments: list = []  # one per worker (the same unless workers differ)
         self.load_seconds: float | None = None  # until the first worker had loaded the backend
@@ -370,7 +421,8 @@ class Sampling:
         self._name, self._profile, self._device, self._timeout = name, profile, device, timeout
         self._work, self._isolate, self._progress, self._time_backend = work, isolate, progress, time_backend
         self._turns = turns  # a folder of lock files, one per GPU, shared with other backends' workers
-        shards = [list(range(g, size, gpus)) for g in range(gpus)] if gpus > 1 else [list(range(size))]
+        order = list(range(size)) if order is None else list(order)
+        shards = [order[g::gpus] for g in range(gpus)]
         self._threads = [
             threading.Thread(target=self._serve, args=(shard, g if gpus > 1 else None), name=f"sampling-{name}-{g}", daemon=True)
             for g, shard in enumerate(shards)
@@ -457,7 +509,8 @@ def run(
     catalog order whatever the sharding, so a run's records do not depend on ``gpus``.
 
     ``pipelined`` (default): planning, the backend's loading and sampling, and evaluation
-    overlap (scenario i is evaluated while i + 1 samples and i + 2 is planned), and with
+    overlap (scenarios are planned and sampled in ``sampling_order``, evaluated in catalog
+    order as their outcomes arrive), and with
     ``isolate`` every backend's workers start together (on a GPU they sample in turns);
     False plans everything, then samples everything backend after backend, then evaluates:
     the same records, more wall time.
@@ -468,7 +521,8 @@ def run(
     start = time.perf_counter()
     result = RunResult([], profile, seed, 0.0, 0.0, scenarios={s.name: s.to_dict() for s in scenarios})
     rng = np.random.default_rng(seed)  # consumed by the checks in backend, then catalog order
-    plans = Plans(scenarios, profile)
+    order = sampling_order(scenarios)
+    plans = Plans(scenarios, profile, order)
     # Workers of every backend at once: each loads while the others sample (importing vLLM
     # alone takes 8-24 s on a GPU machine). On a GPU they take turns per scenario (a lock file
     # per GPU), so each call has the device's memory budget and time to itself.
@@ -476,7 +530,7 @@ def run(
     turns = tempfile.mkdtemp(prefix="specdec-gpu-turns-") if concurrent and device != "cpu" else None
 
     def start_sampling(name):
-        return Sampling(name, len(scenarios), plans.work, profile, device, isolate, timeout, gpus, progress, time_backend, turns)
+        return Sampling(name, len(scenarios), plans.work, profile, device, isolate, timeout, gpus, progress, time_backend, turns, order)
 
     started = [start_sampling(name) for name in backend_names] if concurrent else []
     try:

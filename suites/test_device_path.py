@@ -238,3 +238,19 @@ def test_backends_emit_the_same_tokens_from_shared_rows_as_from_copies(backend_n
     assert np.array_equal(shared[0], copied[0]) and np.array_equal(shared[1], copied[1])
     if temperature > 0:  # some drafts accepted, some rejected: later rows were read too
         assert 1 < shared[1].mean() < 4
+
+
+@pytest.mark.parametrize("path", PATHS[1:], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_repeat_rows_equals_torch_repeat_bit_for_bit(path, dtype):
+    from harness.device_kernels import repeat_rows
+
+    block = torch.randn(3, 37, generator=torch.Generator().manual_seed(0)).to(dtype)
+    block[1, 5] = float("nan")
+    block[2, 0] = float("-inf")
+    block = block.to(path[0])
+    for count in (0, 1, 2, 57):  # 57 * 3 * 37 elements: several programs, the last one partial
+        want, got = block.repeat(count, 1), repeat_rows(block, count)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(got.view(bits), want.view(bits))  # NaN payloads too

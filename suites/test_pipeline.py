@@ -10,6 +10,7 @@ import pytest
 
 import harness.runner as runner
 from harness.catalog import catalog
+from harness.device import gpu_skip_reason
 from harness.profiles import get_profile
 from harness.runner import load_for_device, planned_trials, run, sample_scenario
 from harness.worker import device_turn, sample_isolated
@@ -82,9 +83,11 @@ evaluated = threading.Event()
 
 
 class WaitsForAVerdict:
-    """Samples like the reference, but on ``MARK`` first waits until a check was evaluated."""
+    """Samples like the reference, but on a batch whose first request has method ``marked``
+    first waits until a check was evaluated."""
 
     saw_a_verdict: list = []
+    marked = None
 
     def __init__(self):
         from reference.sampler import ReferenceSampler
@@ -92,7 +95,7 @@ class WaitsForAVerdict:
         self._reference = ReferenceSampler()
 
     def sample(self, batch):
-        if batch.num_drafts[:3].tolist() == [1, 3, 4]:  # standard-near-target's templates
+        if int(batch.methods[0]) == self.marked:
             WaitsForAVerdict.saw_a_verdict.append(evaluated.wait(120))
         return self._reference.sample(batch)
 
@@ -104,10 +107,17 @@ def test_checks_are_evaluated_while_later_scenarios_sample(monkeypatch):
         evaluated.set()
         return record(*args)
 
+    # The scenario sampled last waits for a verdict: one the runner evaluated while it sampled.
+    scenarios = SCENARIOS[:3]
+    last = runner.sampling_order(scenarios)[-1]
+    assert last != 0  # checks are evaluated in catalog order: the first must be sampled before
+    methods = [int(s.request_method(s.requests[0])) for s in scenarios]
+    assert methods.count(methods[last]) == 1  # it alone has this method
+    monkeypatch.setattr(WaitsForAVerdict, "marked", methods[last])
     evaluated.clear()
     WaitsForAVerdict.saw_a_verdict.clear()
     monkeypatch.setattr(runner, "_record", recorded)
-    result = run(["suites.test_pipeline:WaitsForAVerdict"], SCENARIOS[:3], PROFILE)
+    result = run(["suites.test_pipeline:WaitsForAVerdict"], scenarios, PROFILE)
     assert WaitsForAVerdict.saw_a_verdict and all(WaitsForAVerdict.saw_a_verdict)
     assert {r.verdict for r in result.records} == {"pass"}
 
@@ -217,7 +227,9 @@ def outcome_fields(outcome):
     return ("tallies", [(t.trials, t.violations, t.outcome.tolist(), t.steps.tolist()) for t in outcome[1]])
 
 
-def test_the_stream_queues_the_next_scenario_first_and_gives_sample_ones_outcomes(monkeypatch):
+def _streamed(monkeypatch, ready: bool, **kw):
+    """The stream's outcomes and the log of its calls and waits, the device's counts ready
+    at once (``ready``) or never before they are waited for."""
     log = []
     backend = DeviceReference(log)
     work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
@@ -226,10 +238,47 @@ def test_the_stream_queues_the_next_scenario_first_and_gives_sample_ones_outcome
 
     waits = runner.Started.tallies
     monkeypatch.setattr(runner.Started, "tallies", lambda self: log.append(("wait",)) or waits(self))
+    monkeypatch.setattr(runner.Started, "ready", lambda self: ready)
+    starts = runner.start_one
+    monkeypatch.setattr(runner, "start_one", lambda *a, **k: log.append(("start",)) or starts(*a, **k))
     log.clear()
-    streamed = list(runner.sample_stream(backend, iter(work), PROFILE))
+    streamed = list(runner.sample_stream(backend, iter(work), PROFILE, **kw))
     assert [s.name for s, _ in streamed] == [s.name for s, _ in work]
     assert [outcome_fields(o) for _, o in streamed] == expected
-    # One ahead: the second scenario's first call comes before the first scenario's wait.
-    first_wait, second_call = log.index(("wait",)), next(i for i, e in enumerate(log) if e[0] == "sample" and e[2] != log[0][2])
-    assert second_call < first_wait
+    return log
+
+
+def _scenario_calls_before_first_wait(log) -> int:
+    """How many scenarios were started (and their batches sampled) before the stream's first wait."""
+    return log[: log.index(("wait",))].count(("start",))
+
+
+def test_the_stream_runs_ahead_while_the_device_is_busy_and_gives_sample_ones_outcomes(monkeypatch):
+    # Counts never ready early: the third scenario is queued before the first one's wait (two ahead).
+    assert _scenario_calls_before_first_wait(_streamed(monkeypatch, ready=False, ahead=2)) == 3
+
+
+def test_the_stream_reads_counts_that_are_back_before_it_queues_more(monkeypatch):
+    assert _scenario_calls_before_first_wait(_streamed(monkeypatch, ready=True)) == 1
+
+
+def test_the_stream_stops_running_ahead_when_the_device_memory_is_taken(monkeypatch):
+    monkeypatch.setattr(runner, "_memory_full", lambda backend: True)
+    assert _scenario_calls_before_first_wait(_streamed(monkeypatch, ready=False)) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_skip_reason() is not None, reason=gpu_skip_reason() or "")
+def test_the_memory_guard_reads_this_process_s_tensors_on_the_gpu(monkeypatch):
+    import torch
+
+    class OnCuda:
+        device = "cuda"
+
+    held = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # 64 MiB
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    monkeypatch.setattr(runner, "STREAM_MEMORY_SHARE", 0.5 * held.numel() / total)  # half of what is held
+    assert runner._memory_full(OnCuda())
+    monkeypatch.setattr(runner, "STREAM_MEMORY_SHARE", 1.0)
+    assert not runner._memory_full(OnCuda())
+    assert not runner._memory_full(load_for_device("reference", "cpu"))  # a CPU backend never waits for memory
