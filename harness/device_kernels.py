@@ -180,23 +180,28 @@ def tally(tokens, emitted, drafts, vocab: int, offsets, cells: int) -> torch.Ten
     return out
 
 
-@triton.jit(do_not_specialize=["period", "total"])
-def _repeat_kernel(src, out, period, total, BLOCK: tl.constexpr):
-    # out[o] = src[o % period]: one int64 modulo per program, int32 ones per lane.
-    start = tl.program_id(0).to(tl.int64) * BLOCK
-    offs = start + tl.arange(0, BLOCK)
-    at = ((start % period).to(tl.int32) + tl.arange(0, BLOCK)) % period
-    mask = offs < total
-    tl.store(out + offs, tl.load(src + at, mask=mask), mask=mask)
+@triton.jit(do_not_specialize=["period", "count"])
+def _repeat_kernel(src, out, period, count, BLOCK: tl.constexpr, COPIES: tl.constexpr):
+    # Program (i, j): the block's elements [j * BLOCK, (j + 1) * BLOCK), loaded once, stored
+    # into copies [i * COPIES, (i + 1) * COPIES).
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < period
+    x = tl.load(src + offs, mask=mask)
+    first = tl.program_id(0).to(tl.int64) * COPIES
+    for c in range(COPIES):
+        copy = first + c
+        tl.store(out + copy * period + offs, x, mask=mask & (copy < count))
 
 
 def repeat_rows(block: torch.Tensor, count: int) -> torch.Tensor:
     """``block.repeat(count, 1)`` (bit for bit, NaN payloads included) in one launch."""
     rows, width = block.shape
     out = torch.empty(count * rows, width, dtype=block.dtype, device=block.device)
-    period, total = rows * width, count * rows * width
-    if total:
-        if period + 4 * BLOCK >= 2**31:
-            raise ValueError(f"repeat_rows: a block of {period} elements is too large for int32 indexing")
-        _repeat_kernel[(triton.cdiv(total, 4 * BLOCK),)](block.contiguous(), out, period, total, BLOCK=4 * BLOCK)
+    period = rows * width
+    if count and period:
+        # Three tile widths, so few compiles: a small vocabulary's few rows fill most lanes.
+        tile = 256 if period <= 256 else 1024 if period <= 1024 else 4096
+        copies = 16384 // tile  # 64 KB of fp32 stored per program
+        grid = (triton.cdiv(count, copies), triton.cdiv(period, tile))
+        _repeat_kernel[grid](block.contiguous(), out, period, count, BLOCK=tile, COPIES=copies)
     return out

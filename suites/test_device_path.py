@@ -245,12 +245,14 @@ def test_backends_emit_the_same_tokens_from_shared_rows_as_from_copies(backend_n
 def test_repeat_rows_equals_torch_repeat_bit_for_bit(path, dtype):
     from harness.device_kernels import repeat_rows
 
-    block = torch.randn(3, 37, generator=torch.Generator().manual_seed(0)).to(dtype)
-    block[1, 5] = float("nan")
-    block[2, 0] = float("-inf")
-    block = block.to(path[0])
-    for count in (0, 1, 2, 57):  # 57 * 3 * 37 elements: several programs, the last one partial
-        want, got = block.repeat(count, 1), repeat_rows(block, count)
-        assert got.shape == want.shape and got.dtype == want.dtype
-        bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
-        assert torch.equal(got.view(bits), want.view(bits))  # NaN payloads too
+    # Blocks of 111, 1000 and 4500 elements: each tile width, and a block wider than one tile.
+    for rows, width in ((3, 37), (2, 500), (3, 1500)):
+        block = torch.randn(rows, width, generator=torch.Generator().manual_seed(0)).to(dtype)
+        block[1, 5] = float("nan")
+        block[-1, 0] = float("-inf")
+        block = block.to(path[0])
+        for count in (0, 1, 2, 70):  # 70 copies: more than one program's, the last program partial
+            want, got = block.repeat(count, 1), repeat_rows(block, count)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+            assert torch.equal(got.view(bits), want.view(bits))  # NaN payloads too
