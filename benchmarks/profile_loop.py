@@ -17,6 +17,9 @@ passes. overhead = 1 - backend_alone / loop. ``stream``: the whole catalog as a 
 it (``runner.sample_stream``: scenarios queued while the oldest one's counts are not back,
 up to ``runner.STREAM_AHEAD`` ahead; materializing the templates included; ``--compare-ahead
 N``: N ahead as well), the fastest of ``--repeat`` passes, against the same backend-alone total.
+``--isolated N``: the steady-state time per catalog pass through one worker process, as a
+run with isolation samples (streaming, and one scenario at a time; N passes after a
+warm-up pass), against the same total.
 
 GPU machine: ``python benchmarks/profile_loop.py --backend triton --json OUT.json``
 (``--trace DIR``: a torch.profiler trace of one more stream pass, phases labelled, and
@@ -102,6 +105,29 @@ def traced_pass(backend, planned, profile, folder: str) -> dict:
         return idle(json.load(f)["traceEvents"], set(labelled.parts))
 
 
+def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device: str = "cuda") -> float:
+    """Seconds per catalog pass through one worker process (``harness.worker``, as a run
+    with isolation samples; ``stream``: the streaming protocol, else one scenario at a
+    time), in the steady state: ``passes`` + 1 passes back to back, the time from the first
+    pass's last outcome to the last pass's, divided by ``passes``. The first pass loads
+    kernels and warms the worker. A streaming worker runs ahead across pass boundaries, so
+    a single pass is not timed alone: over many, the work it did ahead at either end is
+    about the same and cancels."""
+    from harness.worker import sample_isolated
+
+    work = [(s, count) for s, _, count in planned] * (passes + 1)
+    ends, seen = [], 0
+    for scenario, outcome in sample_isolated(name, iter(work), profile, device, 600.0, stream=stream):
+        if scenario is None:
+            if outcome[0] != "environment":
+                raise RuntimeError(f"worker: {outcome}")
+            continue
+        seen += 1
+        if seen % len(planned) == 0:
+            ends.append(time.perf_counter())
+    return (ends[-1] - ends[0]) / passes
+
+
 def host_profiled_pass(backend, planned, profile, path: str) -> None:
     """One more stream pass under cProfile: where the host's time goes, function by function."""
     import cProfile
@@ -158,6 +184,7 @@ def main() -> int:
     ap.add_argument("--trace", help="write a torch.profiler trace of one more pass to this folder")
     ap.add_argument("--host-profile", help="write a cProfile table of one more stream pass to this file")
     ap.add_argument("--compare-ahead", type=int, help="also time stream passes that run this many scenarios ahead")
+    ap.add_argument("--isolated", type=int, default=0, help="also time this many catalog passes through a worker process, per pass")
     ap.add_argument("--repeat", type=int, default=5, help="passes of the loop and of the backend alone (the fastest counts)")
     args = ap.parse_args()
     profile = get_profile(args.profile)
@@ -209,6 +236,13 @@ def main() -> int:
         "synchronized_loop_s": sum(r["seconds"] for r in per_scenario),
         "per_scenario": per_scenario,
     }
+    for stream in (True, False) if args.isolated else ():
+        seconds = isolated_pass(args.backend, planned, profile, args.isolated, stream)
+        result[f"isolated_{'stream' if stream else 'one_at_a_time'}"] = {
+            "passes": args.isolated,
+            "wall_s": seconds,
+            "overhead": 1 - sum(alone.values()) / seconds,
+        }
     if shallow:
         result["stream_compared"] = {
             "ahead": args.compare_ahead,

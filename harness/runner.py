@@ -297,13 +297,25 @@ STREAM_AHEAD = 64
 STREAM_MEMORY_SHARE = 0.25
 
 
-def sample_stream(backend, work, profile: Profile, time_backend: bool = False, ahead: int = STREAM_AHEAD):
+def sample_stream(backend, work, profile: Profile, time_backend: bool = False, ahead: int = STREAM_AHEAD, available=None):
     """(scenario, ``sample_one``'s outcome) for each (scenario, trials) of ``work``, in order.
     On a GPU the stream runs ahead: scenarios are prepared and queued while the oldest queued
     one's counts are not back, up to ``ahead`` of them and ``STREAM_MEMORY_SHARE`` of the
-    device's memory, so the device works while the host builds the next inputs."""
+    device's memory, so the device works while the host builds the next inputs.
+    ``available()``: whether the next item of ``work`` can be had without waiting; while it
+    cannot, the oldest queued outcome is given first (a worker must not block on its pipe
+    holding the outcome its parent waits for). Default: always."""
+    work = iter(work)
     queued = deque()  # (scenario, StartedOne), oldest first, outcomes not yet read
-    for scenario, count in work:
+    while True:
+        if queued and available is not None and not available():
+            done, started = queued.popleft()
+            yield done, started.outcome()
+            continue
+        item = next(work, None)
+        if item is None:
+            break
+        scenario, count = item
         queued.append((scenario, start_one(backend, scenario, profile, count, time_backend)))
         while queued and (queued[0][1].ready() or len(queued) > ahead or _memory_full(backend)):
             done, started = queued.popleft()

@@ -12,6 +12,12 @@ backend's own load verdict.
 Several backends' workers run at once; on a GPU they sample in turns (``device_turn``: a
 lock file per GPU, which the OS releases when a holder dies), so each scenario has the
 device to itself. A worker says when its turn starts (``TURN``): the timeout counts from there.
+
+A worker that has a GPU to itself streams (``runner.sample_stream``): the parent sends up to
+``runner.STREAM_AHEAD`` + 1 items ahead and the worker queues them on the device while
+the oldest one's counts are not back. When such a worker dies holding several items, the
+oldest is not charged at once (a later one may have caused the crash): a fresh worker
+samples it alone first, and only a crash there charges it.
 """
 
 import fcntl
@@ -43,7 +49,7 @@ def device_turn(turns: str | None, gpu: int | None):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, turns=None):
+def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, turns=None, stream=False):
     from harness.device import configure_triton, pin_gpu
 
     if gpu is not None:  # before CUDA is initialized: this worker sees one GPU
@@ -61,6 +67,12 @@ def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, tur
 
     conn.send(("loaded", backend_environment()))
     profile = Profile(**profile_fields)
+    if stream:
+        from harness.runner import sample_stream
+
+        for _, outcome in sample_stream(backend, _items(conn), profile, time_backend, available=lambda: _waiting(conn)):
+            conn.send(outcome)
+        return
     while (item := _next_item(conn)) is not None:
         data, count = item
         with device_turn(turns, gpu):
@@ -70,6 +82,26 @@ def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, tur
             if turns is not None and device != "cpu":
                 _return_cached_memory()  # the next worker's turn needs the GPU's memory
         conn.send(outcome)
+
+
+def _streams(device: str, turns) -> bool:
+    """Whether a worker streams: on a GPU it has to itself (no turns to take)."""
+    return device != "cpu" and turns is None
+
+
+def _items(conn):
+    """(scenario, trials) as the parent sends them, until it sends None (or is gone)."""
+    while (item := _next_item(conn)) is not None:
+        yield Scenario.from_dict(item[0]), item[1]
+
+
+def _waiting(conn) -> bool:
+    """Whether the parent's next message can be read without blocking (a closed pipe reads
+    at once, as the end of the work)."""
+    try:
+        return conn.poll(0)
+    except (EOFError, OSError):
+        return True
 
 
 def _return_cached_memory():
@@ -121,19 +153,25 @@ def _send(conn, message) -> None:
         pass
 
 
-def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None, time_backend: bool = False, turns=None):
+def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None, time_backend: bool = False, turns=None, stream=None):
     """Yield (scenario, outcome) like the in-process sampler, from worker processes.
 
     ``work`` is an iterable of (scenario, trials), read lazily: a worker starts before the
     first item exists, and an item is taken (which may wait for its planning) only when the
     worker is about to need it. ``gpu``: the index (among the visible GPUs) the workers use;
-    ``turns``: the folder of lock files the workers of several backends take turns with."""
+    ``turns``: the folder of lock files the workers of several backends take turns with.
+    ``stream``: whether the workers stream (default: on a GPU without turns, ``_streams``)."""
+    from harness.runner import STREAM_AHEAD
+
     ctx = mp.get_context("spawn")
     items = iter(work)
     sent = deque()  # items the current worker holds, in order; a fresh worker gets them again
+    stream = _streams(device, turns) if stream is None else stream
+    ahead = STREAM_AHEAD + 1 if stream else AHEAD
+    alone = False  # the worker died holding several items: the next samples the oldest alone first
     while True:
         parent, child = ctx.Pipe(duplex=True)
-        args = (child, name, device, profile.__dict__, gpu, time_backend, turns)
+        args = (child, name, device, profile.__dict__, gpu, time_backend, turns, stream)
         proc = ctx.Process(target=_serve, args=args, daemon=True)
         proc.start()
         child.close()
@@ -143,10 +181,19 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
                 yield None, ("load-error", first[1])
                 return
             yield None, ("environment", first[1])
+            if alone:
+                alone = False
+                _send(parent, (sent[0][0].to_dict(), sent[0][1]))
+                outcome = _receive(parent, proc, timeout)
+                yield sent.popleft()[0], outcome  # its own outcome, a crash of its own included
+                if outcome[0] == "error" and not proc.is_alive():
+                    continue
             for item in sent:
                 _send(parent, (item[0].to_dict(), item[1]))
-            if not (yield from _drain(parent, proc, items, sent, timeout)):
+            ended = yield from _drain(parent, proc, items, sent, timeout, ahead)
+            if ended == "done":
                 return
+            alone = ended == "died holding several"
         finally:  # also when the caller stops listening: no worker is left behind
             parent.close()
             if proc.is_alive():
@@ -154,17 +201,21 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
                 proc.join()
 
 
-def _drain(conn, proc, items, sent, timeout):
-    """Feed ``proc`` and yield its outcomes until the work ends (False) or it dies (True)."""
+def _drain(conn, proc, items, sent, timeout, ahead: int = AHEAD):
+    """Feed ``proc`` up to ``ahead`` items and yield its outcomes until the work ends
+    ("done") or it dies: "died" (the oldest item charged), or "died holding several" (not
+    charged: any of them may have caused it)."""
     while True:
-        while len(sent) < AHEAD and (item := next(items, None)) is not None:
+        while len(sent) < ahead and (item := next(items, None)) is not None:
             sent.append(item)
             _send(conn, (item[0].to_dict(), item[1]))
         if not sent:
             _send(conn, None)  # no more work: the worker exits
             proc.join(timeout=30)
-            return False
+            return "done"
         outcome = _receive(conn, proc, timeout)
+        if outcome[0] == "error" and not proc.is_alive() and len(sent) > 1 and ahead > AHEAD:
+            return "died holding several"
         yield sent.popleft()[0], outcome
         if outcome[0] == "error" and not proc.is_alive():
-            return True
+            return "died"

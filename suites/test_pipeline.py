@@ -282,3 +282,22 @@ def test_the_memory_guard_reads_this_process_s_tensors_on_the_gpu(monkeypatch):
     monkeypatch.setattr(runner, "STREAM_MEMORY_SHARE", 1.0)
     assert not runner._memory_full(OnCuda())
     assert not runner._memory_full(load_for_device("reference", "cpu"))  # a CPU backend never waits for memory
+
+
+@pytest.mark.parametrize("backend", ["reference", "suites.test_isolation:Crashes"])
+def test_a_streaming_worker_gives_the_serial_outcomes_a_crash_charged_to_its_own_scenario(backend):
+    """The streaming worker protocol (forced on here; by default only on a GPU without turns):
+    the parent sends many items ahead. When the worker dies holding several, a fresh worker
+    samples the oldest alone before anything is charged, and the rest follow."""
+    work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
+    expected = [outcome_fields(runner.sample_one(load_for_device("reference", "cpu"), s, PROFILE, n)) for s, n in work]
+    everything = list(sample_isolated(backend, iter(work), PROFILE, "cpu", 120, stream=True))
+    streamed = [(s, o) for s, o in everything if s is not None]
+    assert [s.name for s, _ in streamed] == [s.name for s, _ in work]
+    # Workers started: one; after the crash, one for the oldest item alone and one for the rest.
+    assert sum(o[0] == "environment" for s, o in everything if s is None) == (1 if backend == "reference" else 3)
+    for (s, outcome), want in zip(streamed, expected):
+        if backend != "reference" and s.name == MARK:
+            assert outcome[0] == "error" and "exit code 3" in outcome[1]
+        else:
+            assert outcome_fields(outcome) == want
