@@ -196,12 +196,14 @@ def _repeat_kernel(src, out, period, count, BLOCK: tl.constexpr, COPIES: tl.cons
 def repeat_rows(block: torch.Tensor, count: int) -> torch.Tensor:
     """``block.repeat(count, 1)`` (bit for bit, NaN payloads included) in one launch."""
     rows, width = block.shape
-    out = torch.empty(count * rows, width, dtype=block.dtype, device=block.device)
     period = rows * width
+    # Three tile widths, so few compiles: a small vocabulary's few rows fill most lanes.
+    tile = 256 if period <= 256 else 1024 if period <= 1024 else 4096
+    copies = 16384 // tile  # 64 KB of fp32 stored per program
+    grid = (triton.cdiv(count, copies), triton.cdiv(period, tile))
+    if grid[0] >= 2**31 or grid[1] >= 2**16:  # past CUDA's grid limits: a block of over 268 million logits
+        return block.repeat(count, 1)
+    out = torch.empty(count * rows, width, dtype=block.dtype, device=block.device)
     if count and period:
-        # Three tile widths, so few compiles: a small vocabulary's few rows fill most lanes.
-        tile = 256 if period <= 256 else 1024 if period <= 1024 else 4096
-        copies = 16384 // tile  # 64 KB of fp32 stored per program
-        grid = (triton.cdiv(count, copies), triton.cdiv(period, tile))
         _repeat_kernel[grid](block.contiguous(), out, period, count, BLOCK=tile, COPIES=copies)
     return out

@@ -91,13 +91,13 @@ def sample_scenario(backend, scenario: Scenario, templates, count: int, profile:
 
 
 class Started:
-    """A scenario's sampling, queued: ``tallies()`` waits for its counts. ``pending``: the
-    device may still be working on it (the host can prepare the next scenarios meanwhile);
-    ``ready()`` says whether it still is."""
+    """A scenario's sampling, queued: ``tallies()`` waits for its counts; ``ready()`` says
+    whether they are back (until then the device may still be working on it, and the host
+    can prepare the next scenarios)."""
 
     def __init__(self, tallies, ready=None):
         # tallies: the function that waits for them; ready: None when they are complete already
-        self._tallies, self._ready, self.pending = tallies, ready, ready is not None
+        self._tallies, self._ready = tallies, ready
 
     def ready(self) -> bool:
         return self._ready is None or self._ready()
@@ -248,12 +248,15 @@ class StartedOne:
     """``start_one``'s result: ``outcome()`` waits for the scenario's outcome."""
 
     def __init__(self, started: Started | None, outcome: tuple | None = None, seconds=0.0, timed=None):
-        self.pending = started is not None and started.pending
         self._started, self._outcome, self._seconds, self._timed = started, outcome, seconds, timed
 
     def ready(self) -> bool:
-        """Whether ``outcome()`` would not wait for the device."""
-        return self._started is None or self._started.ready()
+        """Whether ``outcome()`` would not wait for the device. A device error (a CUDA fault,
+        reported by any later query) counts as ready: ``outcome()`` then gives it as an error."""
+        try:
+            return self._started is None or self._started.ready()
+        except Exception:
+            return True
 
     def outcome(self) -> tuple:
         if self._outcome is None:
@@ -488,7 +491,8 @@ class Sampling:
         return self.outcomes[i]
 
     def stop(self) -> None:
-        """Hand out no more work: each worker finishes what it holds, then exits."""
+        """Hand out no more work: each worker finishes what it holds (up to
+        ``STREAM_AHEAD`` + 1 scenarios for a streaming worker), then exits."""
         self._stop.set()
 
     def join(self) -> None:

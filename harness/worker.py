@@ -15,9 +15,9 @@ device to itself. A worker says when its turn starts (``TURN``): the timeout cou
 
 A worker that has a GPU to itself streams (``runner.sample_stream``): the parent sends up to
 ``runner.STREAM_AHEAD`` + 1 items ahead and the worker queues them on the device while
-the oldest one's counts are not back. When such a worker dies holding several items, the
-oldest is not charged at once (a later one may have caused the crash): a fresh worker
-samples it alone first, and only a crash there charges it.
+the oldest one's counts are not back. When such a worker dies (or hangs) holding several
+items, none is charged at once (any of them may have caused it): a fresh worker samples
+them one at a time, and a crash or hang there charges that item alone.
 """
 
 import fcntl
@@ -168,7 +168,7 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
     sent = deque()  # items the current worker holds, in order; a fresh worker gets them again
     stream = _streams(device, turns) if stream is None else stream
     ahead = STREAM_AHEAD + 1 if stream else AHEAD
-    alone = False  # the worker died holding several items: the next samples the oldest alone first
+    alone = 0  # the worker died holding this many items: the next samples them one at a time
     while True:
         parent, child = ctx.Pipe(duplex=True)
         args = (child, name, device, profile.__dict__, gpu, time_backend, turns, stream)
@@ -181,19 +181,19 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
                 yield None, ("load-error", first[1])
                 return
             yield None, ("environment", first[1])
-            if alone:
-                alone = False
+            while alone and proc.is_alive():  # each alone: a crash or hang here is its own
                 _send(parent, (sent[0][0].to_dict(), sent[0][1]))
                 outcome = _receive(parent, proc, timeout)
-                yield sent.popleft()[0], outcome  # its own outcome, a crash of its own included
-                if outcome[0] == "error" and not proc.is_alive():
-                    continue
+                yield sent.popleft()[0], outcome
+                alone -= 1
+            if alone or not proc.is_alive():
+                continue  # it died on an item of its own (charged): a fresh worker takes the rest
             for item in sent:
                 _send(parent, (item[0].to_dict(), item[1]))
             ended = yield from _drain(parent, proc, items, sent, timeout, ahead)
             if ended == "done":
                 return
-            alone = ended == "died holding several"
+            alone = len(sent) if ended == "died holding several" else 0
         finally:  # also when the caller stops listening: no worker is left behind
             parent.close()
             if proc.is_alive():
