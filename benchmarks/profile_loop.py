@@ -75,8 +75,8 @@ def one_pass(backend, planned, profile):
 
 def stream_pass(backend, planned, profile, ahead: int = runner.STREAM_AHEAD) -> float:
     """Wall seconds of the catalog sampled as a run samples it (``runner.sample_stream``:
-    each scenario materialized, prepared and queued before the previous one's counts are
-    read), the device synchronized before and after."""
+    each scenario materialized, prepared and queued while up to ``ahead`` earlier ones'
+    counts are not back), the device synchronized before and after."""
     import torch
 
     torch.cuda.synchronize()

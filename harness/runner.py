@@ -310,10 +310,14 @@ def sample_stream(backend, work, profile: Profile, time_backend: bool = False, a
     holding the outcome its parent waits for). Default: always."""
     work = iter(work)
     queued = deque()  # (scenario, StartedOne), oldest first, outcomes not yet read
+
+    def oldest():
+        scenario, started = queued.popleft()
+        return scenario, started.outcome()
+
     while True:
         if queued and available is not None and not available():
-            done, started = queued.popleft()
-            yield done, started.outcome()
+            yield oldest()
             continue
         item = next(work, None)
         if item is None:
@@ -321,11 +325,9 @@ def sample_stream(backend, work, profile: Profile, time_backend: bool = False, a
         scenario, count = item
         queued.append((scenario, start_one(backend, scenario, profile, count, time_backend)))
         while queued and (queued[0][1].ready() or len(queued) > ahead or _memory_full(backend)):
-            done, started = queued.popleft()
-            yield done, started.outcome()
+            yield oldest()
     while queued:
-        done, started = queued.popleft()
-        yield done, started.outcome()
+        yield oldest()
 
 
 def _memory_full(backend) -> bool:

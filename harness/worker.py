@@ -146,6 +146,11 @@ def _receive(conn, proc, timeout):
     return ("error", f"worker died with exit code {proc.exitcode} (a crash in the backend)")
 
 
+def _send_item(conn, item) -> None:
+    """A (scenario, trials) work item, as the worker reads it (``_items``)."""
+    _send(conn, (item[0].to_dict(), item[1]))
+
+
 def _send(conn, message) -> None:
     try:
         conn.send(message)
@@ -182,15 +187,15 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
                 return
             yield None, ("environment", first[1])
             while alone and proc.is_alive():  # each alone: a crash or hang here is its own
-                _send(parent, (sent[0][0].to_dict(), sent[0][1]))
+                _send_item(parent, sent[0])
                 outcome = _receive(parent, proc, timeout)
                 yield sent.popleft()[0], outcome
                 alone -= 1
             if alone or not proc.is_alive():
                 continue  # it died on an item of its own (charged): a fresh worker takes the rest
             for item in sent:
-                _send(parent, (item[0].to_dict(), item[1]))
-            ended = yield from _drain(parent, proc, items, sent, timeout, ahead)
+                _send_item(parent, item)
+            ended = yield from _drain(parent, proc, items, sent, timeout, ahead, stream)
             if ended == "done":
                 return
             alone = len(sent) if ended == "died holding several" else 0
@@ -201,20 +206,20 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
                 proc.join()
 
 
-def _drain(conn, proc, items, sent, timeout, ahead: int = AHEAD):
+def _drain(conn, proc, items, sent, timeout, ahead: int = AHEAD, stream: bool = False):
     """Feed ``proc`` up to ``ahead`` items and yield its outcomes until the work ends
-    ("done") or it dies: "died" (the oldest item charged), or "died holding several" (not
-    charged: any of them may have caused it)."""
+    ("done") or it dies: "died" (the oldest item charged), or, for a streaming worker,
+    "died holding several" (not charged: any of them may have caused it)."""
     while True:
         while len(sent) < ahead and (item := next(items, None)) is not None:
             sent.append(item)
-            _send(conn, (item[0].to_dict(), item[1]))
+            _send_item(conn, item)
         if not sent:
             _send(conn, None)  # no more work: the worker exits
             proc.join(timeout=30)
             return "done"
         outcome = _receive(conn, proc, timeout)
-        if outcome[0] == "error" and not proc.is_alive() and len(sent) > 1 and ahead > AHEAD:
+        if outcome[0] == "error" and not proc.is_alive() and len(sent) > 1 and stream:
             return "died holding several"
         yield sent.popleft()[0], outcome
         if outcome[0] == "error" and not proc.is_alive():

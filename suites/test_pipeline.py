@@ -208,17 +208,22 @@ class DeviceReference:
         self._reference, self._log = load_for_device("reference", "cpu"), log
 
     def sample(self, batch):
-        import dataclasses
-
-        import torch
-
         self._log.append(("sample", batch.vocab_size, int(batch.methods[0])))
         if int(batch.methods[0]) == Method.BLOCK:
             raise RuntimeError("no block verification here")
-        host = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-        host = dataclasses.replace(batch, **{k: v.numpy() for k, v in host.items() if isinstance(v, torch.Tensor)})
-        tokens, emitted = self._reference.sample(host)
-        return torch.as_tensor(tokens), torch.as_tensor(emitted)
+        return _reference_on_host(self._reference, batch)
+
+
+def _reference_on_host(reference, batch):
+    """The reference's outputs for a device batch of CPU tensors, as tensors."""
+    import dataclasses
+
+    import torch
+
+    host = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    host = dataclasses.replace(batch, **{k: v.numpy() for k, v in host.items() if isinstance(v, torch.Tensor)})
+    tokens, emitted = reference.sample(host)
+    return torch.as_tensor(tokens), torch.as_tensor(emitted)
 
 
 def outcome_fields(outcome):
@@ -295,17 +300,11 @@ class PendingThenCrashes:
         self._reference = load_for_device("reference", "cpu")
 
     def sample(self, batch):
-        import dataclasses
         import os
 
-        import torch
-
-        host = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-        host = dataclasses.replace(batch, **{k: v.numpy() for k, v in host.items() if isinstance(v, torch.Tensor)})
-        if host.num_drafts[:3].tolist() == [1, 3, 4]:  # MARK's templates
+        if batch.cu_num_drafts.diff()[:3].tolist() == [1, 3, 4]:  # MARK's templates
             os._exit(3)
-        tokens, emitted = self._reference.sample(host)
-        return torch.as_tensor(tokens), torch.as_tensor(emitted)
+        return _reference_on_host(self._reference, batch)
 
 
 # (workers started, outcomes given before the first crash): reference: one worker; Crashes:
