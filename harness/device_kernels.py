@@ -10,9 +10,10 @@ the CPU suite and on a GPU in its ``cuda-kernels`` cases):
   or drawn by inverse CDF from the template's float64 draft CDF, as ``torch.searchsorted``),
   and the batch fields laid out for all trials (positions per row, draft tokens per request),
   so that a chunk is a slice;
-* ``tally``: each (trial, template)'s validity and cells, counted with atomic adds (integer
-  counts: the order of the adds does not matter), the invalid trials per template and the
-  first of them;
+* ``tally``: each (trial, template)'s validity and cells, counted with relaxed atomic adds
+  (integer counts: the order of the adds does not matter; the kernel's end orders them
+  before any reader), into copies of the cells when they are few, the invalid trials per
+  template and the first of them;
 * ``repeat_rows``: a chunk's logits, the templates' rows repeated trial after trial, in one
   vectorized pass (``Tensor.repeat`` copies from a stride-0 view element by element: 15 of
   the 32 ms the harness added to the `gpu` catalog's device time on an H100, session 10).
@@ -122,11 +123,12 @@ def _buffer(size: int, dtype, device) -> torch.Tensor:
     return torch.empty(max(size, 1), dtype=dtype, device=device)
 
 
-@triton.jit(do_not_specialize=["n", "T", "K", "V", "cells"])
-def _tally_kernel(tokens, emitted, drafts, n, T, K, V, cells, offsets, counts, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["n", "T", "K", "V", "cells", "n_copies"])
+def _tally_kernel(tokens, emitted, drafts, n, T, K, V, cells, offsets, counts, copies, n_copies, BLOCK: tl.constexpr):
     # Lanes in template-major order (lane i * trials + t): a block's lanes share a template,
-    # so with fixed drafts they share every accepted-step cell (see _count).
-    lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    # so with fixed drafts they share every accepted-step cell (see _count_shared).
+    pid = tl.program_id(0)
+    lane = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = lane < n
     trials = n // T
     i, t = lane // trials, lane % trials
@@ -142,41 +144,61 @@ def _tally_kernel(tokens, emitted, drafts, n, T, K, V, cells, offsets, counts, B
     y = tl.load(tokens + pair * (K + 1) + last, mask=mask, other=0)
     outcome = tl.load(offsets + T + i, mask=mask, other=0)
     step = tl.load(offsets + 2 * T + i, mask=mask, other=0)
-    _count(counts, outcome + last * V + y, ok, BLOCK)
-    _count(counts, step + (last * 2 + 1) * V + y, ok, BLOCK)
+    # Few cells (a small vocabulary): every program adds into one of n_copies copies of the
+    # cells, summed afterwards, so that fewer programs queue on each address.
+    own = copies + (pid % n_copies).to(tl.int64) * cells
+    ones = tl.full([BLOCK], 1, tl.int64)
+    tl.atomic_add(own + outcome + last * V + y, ones, mask=ok, sem="relaxed")
+    tl.atomic_add(own + step + (last * 2 + 1) * V + y, ones, mask=ok, sem="relaxed")
     for s in range(0, K):  # (step s, accepted, draft s) for every step before the last
         draft = tl.maximum(tl.load(drafts + pair * K + s, mask=mask, other=0), 0)
-        _count(counts, step + s * 2 * V + draft, ok & (s < last), BLOCK)
+        _count_shared(own, step + s * 2 * V + draft, ok & (s < last), BLOCK)
     bad = mask & ~ok
-    _count(counts, cells + i, bad, BLOCK)
-    tl.atomic_min(counts + cells + T + i, t, mask=bad)
+    tl.atomic_add(counts + cells + i, ones, mask=bad, sem="relaxed")
+    tl.atomic_min(counts + cells + T + i, t, mask=bad, sem="relaxed")
 
 
 @triton.jit
-def _count(counts, cell, mask, BLOCK: tl.constexpr):
-    """``counts[cell] += 1`` for every lane in ``mask``. The lanes on the block's lowest cell
-    add their number in one atomic: atomics on one address queue up, and with fixed drafts
-    a whole block counts each accepted step in the same cell."""
+def _count_shared(counts, cell, mask, BLOCK: tl.constexpr):
+    """``counts[cell] += 1`` for every lane in ``mask``, the lanes on the block's lowest cell
+    in one atomic: with fixed drafts a whole block counts each accepted step in one cell, and
+    atomics on one address queue up."""
     lowest = tl.min(tl.where(mask, cell, 1 << 62))
     same = mask & (cell == lowest)
-    tl.atomic_add(counts + lowest, tl.sum(same.to(tl.int64)), mask=tl.max(same.to(tl.int32)) > 0)
-    tl.atomic_add(counts + cell, tl.full([BLOCK], 1, tl.int64), mask=mask & ~same)
+    tl.atomic_add(counts + lowest, tl.sum(same.to(tl.int64)), mask=tl.max(same.to(tl.int32)) > 0, sem="relaxed")
+    tl.atomic_add(counts + cell, tl.full([BLOCK], 1, tl.int64), mask=mask & ~same, sem="relaxed")
 
 
-def tally(tokens, emitted, drafts, vocab: int, offsets, cells: int) -> torch.Tensor:
+# Copies of the cells when they are few (the small vocabularies' 300-1200 cells): up to 64,
+# one per program. On an H100 they cut the tally of 600,000 trials at V = 32 from 0.42 ms
+# to 0.11 ms; at 27,000 cells the zeroing and summing cost more than they save
+# (benchmarks/bench_tally.py, RESULTS.md session 11).
+MAX_COPIES = 64
+FEW_CELLS = 4096
+
+
+def tally(tokens, emitted, drafts, vocab: int, offsets, cells: int, copies: int | None = None) -> torch.Tensor:
     """``[cells + 2T]`` int64 on the device: the counts of every template's cells, then the
     invalid trials per template, then the first invalid trial per template (``n`` if none).
     ``tokens [n, T, K+1]``, ``emitted [n, T]``, ``drafts [n, T, K]``; ``offsets [3, T]``:
-    each template's effective drafts, first outcome cell and first step cell."""
+    each template's effective drafts, first outcome cell and first step cell. ``copies``:
+    how many copies of the cells the programs add into (default: by ``cells``)."""
     tokens, emitted, drafts = tokens.contiguous(), emitted.contiguous(), drafts.contiguous()  # flat indexing below
     n, t_count, width = tokens.shape
     out = torch.zeros(cells + 2 * t_count, dtype=torch.int64, device=tokens.device)
     out[cells + t_count :] = n
-    if n * t_count:
+    lanes = n * t_count
+    if lanes:
+        programs = triton.cdiv(lanes, BLOCK)
+        if copies is None:
+            copies = min(MAX_COPIES, programs) if cells <= FEW_CELLS else 1
+        work = out if copies == 1 else torch.zeros(copies * cells, dtype=torch.int64, device=tokens.device)
         drafts = drafts if drafts.numel() else _buffer(0, torch.int64, tokens.device)  # no drafts at all (K = 0)
-        _tally_kernel[(triton.cdiv(n * t_count, BLOCK),)](
-            tokens, emitted, drafts, n * t_count, t_count, width - 1, vocab, cells, offsets, out, BLOCK=BLOCK,
+        _tally_kernel[(programs,)](
+            tokens, emitted, drafts, lanes, t_count, width - 1, vocab, cells, offsets, out, work, copies, BLOCK=BLOCK,
         )  # fmt: skip
+        if copies > 1:
+            out[:cells] = work.view(copies, cells).sum(dim=0)
     return out
 
 

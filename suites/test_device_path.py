@@ -139,21 +139,28 @@ def test_trial_kernel_draws_as_searchsorted_right_then_clamps(path):
 
 # Effective drafts per template: [1, 3, 4]; [0, 1, 3, 4]; [0, 0, 2] (templates without drafts, d < K);
 # standard-sampled: drafts that differ from trial to trial.
+def _outputs(s, templates, count: int):
+    """Outputs of ``count`` trials, most well formed (the drafts as prefix, an in-vocabulary
+    last token), some not (counts out of range, tokens outside the vocabulary)."""
+    t_count, k, vocab = len(templates), s.max_drafts, s.vocab_size
+    host_batch = trials(s, templates, 0, count)
+    gen = np.random.default_rng(3)
+    emitted = gen.integers(0, k + 3, size=count * t_count)
+    tokens = gen.integers(-1, vocab + 1, size=(count * t_count, k + 1))
+    flat = host_batch.drafts.reshape(count * t_count, k)
+    good = gen.random(count * t_count) < 0.9
+    tokens[good, :k] = flat[good]
+    tokens[good, -1] = gen.integers(0, vocab, size=good.sum())
+    return host_batch, tokens, emitted
+
+
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 @pytest.mark.parametrize("name", ["standard-near-target", "greedy-ragged", "standard-zero-drafts", "standard-sampled"])
 def test_device_tally_equals_host_tally_including_violations(name, path):
     s = SCENARIOS[name]
     templates = materialize(s)
     count, t_count, k, vocab = 400, len(templates), s.max_drafts, s.vocab_size
-    host_batch = trials(s, templates, 0, count)
-    gen = np.random.default_rng(3)
-    emitted = gen.integers(0, k + 3, size=count * t_count)  # some counts out of range: violations
-    tokens = gen.integers(-1, vocab + 1, size=(count * t_count, k + 1))
-    # Most trials well formed: the drafts as prefix, an in-vocabulary last token.
-    flat = host_batch.drafts.reshape(count * t_count, k)
-    good = gen.random(count * t_count) < 0.9
-    tokens[good, :k] = flat[good]
-    tokens[good, -1] = gen.integers(0, vocab, size=good.sum())
+    host_batch, tokens, emitted = _outputs(s, templates, count)
     host = [TemplateTally(t.effective_drafts, vocab) for t in templates]
     add_outputs(host, tokens, emitted, host_batch.drafts, 0)
     dev = DeviceTally([t.effective_drafts for t in templates], vocab, count, k, path[0], kernels=path[1])
@@ -164,6 +171,28 @@ def test_device_tally_equals_host_tally_including_violations(name, path):
     for h, d in zip(host, dev.finish(torch.tensor(host_batch.drafts, **on))):
         assert h.violations > 0 and (h.trials, h.violations, h.example) == (d.trials, d.violations, d.example)
         assert np.array_equal(h.outcome, d.outcome) and np.array_equal(h.steps, d.steps)
+
+
+@pytest.mark.parametrize("path", PATHS[1:], indirect=True)
+@pytest.mark.parametrize("copies", [1, 2, 5])
+def test_the_tally_kernel_counts_the_same_into_any_number_of_copies(copies, path):
+    """The kernel's programs add into ``copies`` copies of the cells, summed at the end."""
+    from harness.device_kernels import tally
+
+    s = SCENARIOS["standard-sampled"]
+    templates = materialize(s)
+    count, t_count, k = 1000, len(templates), s.max_drafts  # 8 programs of 256 lanes
+    host_batch, tokens, emitted = _outputs(s, templates, count)
+    dev = DeviceTally([t.effective_drafts for t in templates], s.vocab_size, count, k, path[0], kernels=False)
+    dev.add(torch.tensor(tokens, device=path[0]), torch.tensor(emitted, device=path[0]), 0)
+    drafts = torch.tensor(host_batch.drafts, device=path[0])
+    sizes = [(t.effective_drafts + 1) * s.vocab_size for t in templates]
+    at = np.cumsum([0] + sizes[:-1])
+    offsets = torch.tensor(np.stack([[t.effective_drafts for t in templates], at, sum(sizes) + 2 * at]), device=path[0])
+    expected = dev._count(dev.tokens, dev.emitted, drafts, *offsets, 3 * sum(sizes))
+    got = tally(dev.tokens, dev.emitted, drafts, s.vocab_size, offsets, 3 * sum(sizes), copies=copies)
+    assert int(expected[3 * sum(sizes) : 3 * sum(sizes) + t_count].sum()) > 0  # violations counted too
+    assert torch.equal(got, expected)
 
 
 @pytest.mark.parametrize("path", PATHS, indirect=True)
