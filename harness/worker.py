@@ -11,13 +11,16 @@ backend's own load verdict.
 
 Several backends' workers run at once; on a GPU they sample in turns (``device_turn``: a
 lock file per GPU, which the OS releases when a holder dies), so each scenario has the
-device to itself. A worker says when its turn starts (``TURN``): the timeout counts from there.
+device to itself. A worker says when its turn starts (``TURN``), and every ``WAIT_BEAT``
+seconds while it waits for one (``WAITING``): the timeout counts from the turn's start.
 
-A worker that has a GPU to itself streams (``runner.sample_stream``): the parent sends up to
+A worker on a GPU streams (``runner.sample_stream``): the parent sends up to
 ``runner.STREAM_AHEAD`` + 1 items ahead and the worker queues them on the device while
-the oldest one's counts are not back. When such a worker dies (or hangs) holding several
-items, none is charged at once (any of them may have caused it): a fresh worker samples
-them one at a time, and a crash or hang there charges that item alone.
+the oldest one's counts are not back. A worker that takes turns streams within each turn:
+the turn takes the items already in the pipe, for up to ``TURN_SECONDS``, then hands the
+device on. When a streaming worker dies (or hangs) holding several items, none is charged
+at once (any of them may have caused it): a fresh worker samples them one at a time, and a
+crash or hang there charges that item alone.
 """
 
 import fcntl
@@ -33,20 +36,41 @@ from harness.scenarios import Scenario
 LOAD_TIMEOUT = 300.0  # importing vLLM and compiling kernels takes a while
 AHEAD = 2  # items sent before their turn: the next one waits in the pipe, so the worker never idles
 TURN = ("turn",)  # a worker's message: it now holds the device, its scenario's time starts
+WAITING = ("waiting",)  # a worker's message while another worker holds the device
+WAIT_BEAT = 1.0  # seconds between WAITING messages
+TURN_SECONDS = 1.0  # a streaming turn takes no new item after this long
+TURN_PAUSE = 0.005  # after its turn a worker waits this long, so a waiting one takes the device
 
 
 @contextmanager
-def device_turn(turns: str | None, gpu: int | None):
-    """Hold GPU ``gpu``'s lock file in the folder ``turns`` (None: no turns to take)."""
+def device_turn(turns: str | None, gpu: int | None, waiting=None):
+    """Hold GPU ``gpu``'s lock file in the folder ``turns`` (None: no turns to take);
+    ``waiting()`` is called every ``WAIT_BEAT`` seconds while another process holds it."""
     if turns is None:
         yield
         return
     with open(os.path.join(turns, f"gpu{gpu or 0}.lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        _lock(f, waiting)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _lock(f, waiting) -> None:
+    if waiting is None:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        return
+    beat = time.monotonic()
+    while True:  # polled, to beat while waiting; a releasing worker pauses (TURN_PAUSE) to let it in
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() - beat >= WAIT_BEAT:
+                waiting()
+                beat = time.monotonic()
+            time.sleep(0.001)
 
 
 def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, turns=None, stream=False):
@@ -67,15 +91,18 @@ def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, tur
 
     conn.send(("loaded", backend_environment()))
     profile = Profile(**profile_fields)
-    if stream:
+    if stream and turns is None:
         from harness.runner import sample_stream
 
         for _, outcome in sample_stream(backend, _items(conn), profile, time_backend, available=lambda: _waiting(conn)):
             conn.send(outcome)
         return
+    if stream:
+        _serve_turns(conn, backend, device, profile, gpu, time_backend, turns)
+        return
     while (item := _next_item(conn)) is not None:
         data, count = item
-        with device_turn(turns, gpu):
+        with device_turn(turns, gpu, lambda: conn.send(WAITING)):
             if turns is not None:
                 conn.send(TURN)
             outcome = sample_one(backend, Scenario.from_dict(data), profile, count, time_backend)
@@ -84,9 +111,38 @@ def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, tur
         conn.send(outcome)
 
 
-def _streams(device: str, turns) -> bool:
-    """Whether a worker streams: on a GPU it has to itself (no turns to take)."""
-    return device != "cpu" and turns is None
+def _serve_turns(conn, backend, device, profile, gpu, time_backend, turns):
+    """Stream in turns: each turn waits for one item, then also takes the items already in
+    the pipe for up to ``TURN_SECONDS``, sends every outcome and hands the device on."""
+    from harness.runner import sample_stream
+
+    ended = False
+
+    def turn(first):
+        nonlocal ended
+        start = time.monotonic()
+        item = first
+        while True:
+            yield Scenario.from_dict(item[0]), item[1]
+            if time.monotonic() - start >= TURN_SECONDS or not _waiting(conn):
+                return
+            if (item := _next_item(conn)) is None:
+                ended = True
+                return
+
+    while not ended and (first := _next_item(conn)) is not None:
+        with device_turn(turns, gpu, lambda: conn.send(WAITING)):
+            conn.send(TURN)
+            for _, outcome in sample_stream(backend, turn(first), profile, time_backend, available=lambda: _waiting(conn)):
+                conn.send(outcome)
+            if device != "cpu":
+                _return_cached_memory()  # the next worker's turn needs the GPU's memory
+        time.sleep(TURN_PAUSE)
+
+
+def _streams(device: str) -> bool:
+    """Whether a worker streams: on a GPU (in turns when it shares the GPU with other backends)."""
+    return device != "cpu"
 
 
 def _items(conn):
@@ -128,7 +184,7 @@ def _receive(conn, proc, timeout):
                 message = conn.recv()
             except (EOFError, OSError):  # OSError: reset, when it died holding unread work
                 break  # the worker is gone (or going)
-            if message == TURN:  # it waited for the device until now
+            if message in (TURN, WAITING):  # it waited for the device until now
                 deadline = time.monotonic() + timeout
                 continue
             return message
@@ -165,13 +221,13 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
     first item exists, and an item is taken (which may wait for its planning) only when the
     worker is about to need it. ``gpu``: the index (among the visible GPUs) the workers use;
     ``turns``: the folder of lock files the workers of several backends take turns with.
-    ``stream``: whether the workers stream (default: on a GPU without turns, ``_streams``)."""
+    ``stream``: whether the workers stream (default: on a GPU, ``_streams``)."""
     from harness.runner import STREAM_AHEAD
 
     ctx = mp.get_context("spawn")
     items = iter(work)
     sent = deque()  # items the current worker holds, in order; a fresh worker gets them again
-    stream = _streams(device, turns) if stream is None else stream
+    stream = _streams(device) if stream is None else stream
     ahead = STREAM_AHEAD + 1 if stream else AHEAD
     alone = 0  # the worker died holding this many items: the next samples them one at a time
     while True:

@@ -318,14 +318,16 @@ STREAMING_WORKERS = {
 }
 
 
+@pytest.mark.parametrize("turns", [False, True], ids=["alone", "in-turns"])
 @pytest.mark.parametrize("backend", list(STREAMING_WORKERS))
-def test_a_streaming_worker_gives_the_serial_outcomes_a_crash_charged_to_its_own_scenario(backend):
-    """The streaming worker protocol (forced on here; by default only on a GPU without turns):
-    the parent sends many items ahead. When the worker dies holding several, a fresh worker
-    samples them one at a time before anything is charged, and the rest follow."""
+def test_a_streaming_worker_gives_the_serial_outcomes_a_crash_charged_to_its_own_scenario(backend, turns, tmp_path):
+    """The streaming worker protocol (forced on here; by default on a GPU), alone or taking
+    turns: the parent sends many items ahead. When the worker dies holding several, a fresh
+    worker samples them one at a time before anything is charged, and the rest follow."""
     work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
     expected = [outcome_fields(runner.sample_one(load_for_device("reference", "cpu"), s, PROFILE, n)) for s, n in work]
-    everything = list(sample_isolated(backend, iter(work), PROFILE, "cpu", 120, stream=True))
+    folder = str(tmp_path) if turns else None
+    everything = list(sample_isolated(backend, iter(work), PROFILE, "cpu", 120, turns=folder, stream=True))
     streamed = [(s, o) for s, o in everything if s is not None]
     assert [s.name for s, _ in streamed] == [s.name for s, _ in work]
     starts = [i for i, (s, o) in enumerate(everything) if s is None]
@@ -336,3 +338,43 @@ def test_a_streaming_worker_gives_the_serial_outcomes_a_crash_charged_to_its_own
             assert outcome[0] == "error" and "exit code 3" in outcome[1]
         else:
             assert outcome_fields(outcome) == want
+
+
+def test_streaming_workers_of_two_backends_take_turns_and_give_the_serial_outcomes(tmp_path):
+    """Two workers streaming on one lock file, read at once as a run reads its backends."""
+    work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
+    expected = [outcome_fields(runner.sample_one(load_for_device("reference", "cpu"), s, PROFILE, n)) for s, n in work]
+    got = {}
+
+    def read(i):
+        stream = sample_isolated("reference", iter(work), PROFILE, "cpu", 120, turns=str(tmp_path), stream=True)
+        got[i] = [outcome_fields(o) for s, o in stream if s is not None]
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == {0: expected, 1: expected}
+
+
+def test_a_worker_waiting_for_its_turn_is_not_timed_out(tmp_path):
+    """While another process holds the device past the timeout, the waiting worker says so
+    (``harness.worker.WAITING``, every second) and is not killed as hung."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with device_turn(str(tmp_path), None):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    work = [(s, 50) for s in SCENARIOS[:2]]
+    stream = sample_isolated("reference", iter(work), PROFILE, "cpu", 2.5, turns=str(tmp_path), stream=True)
+    assert next(stream)[1][0] == "environment"  # loaded: the items go out when the stream is read on
+    threading.Timer(5.0, release.set).start()  # twice the timeout
+    assert [outcome[0] for _, outcome in stream] == ["tallies", "tallies"]
+    assert release.is_set()  # the outcomes came after the turn was handed over
+    holder.join()
