@@ -19,7 +19,9 @@ up to ``runner.STREAM_AHEAD`` ahead; materializing the templates included; ``--c
 N``: N ahead as well), the fastest of ``--repeat`` passes, against the same backend-alone total.
 ``--isolated N``: the steady-state time per catalog pass through one worker process, as a
 run with isolation samples (streaming, and one scenario at a time; N passes after a
-warm-up pass), against the same total.
+warm-up pass), against the same total. ``--turns N``: the same through two workers of the
+backend taking turns on the GPU, as the workers of a run of two backends do (streaming in
+turns, and one scenario per turn), against twice the total.
 
 GPU machine: ``python benchmarks/profile_loop.py --backend triton --json OUT.json``
 (``--trace DIR``: a torch.profiler trace of one more stream pass, phases labelled, and
@@ -105,19 +107,20 @@ def traced_pass(backend, planned, profile, folder: str) -> dict:
         return idle(json.load(f)["traceEvents"], set(labelled.parts))
 
 
-def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device: str = "cuda") -> float:
+def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device: str = "cuda", turns=None, ends=None) -> float:
     """Seconds per catalog pass through one worker process (``harness.worker``, as a run
     with isolation samples; ``stream``: the streaming protocol, else one scenario at a
     time), in the steady state: ``passes`` + 1 passes back to back, the time from the first
     pass's last outcome to the last pass's, divided by ``passes``. The first pass loads
     kernels and warms the worker. A streaming worker runs ahead across pass boundaries, so
     a single pass is not timed alone: over many, the work it did ahead at either end is
-    about the same and cancels."""
+    about the same and cancels. ``turns``: the lock folder the worker takes turns in;
+    ``ends``: a list to get each pass's end time."""
     from harness.worker import sample_isolated
 
     work = [(s, count) for s, _, count in planned] * (passes + 1)
-    ends, seen = [], 0
-    for scenario, outcome in sample_isolated(name, iter(work), profile, device, 600.0, stream=stream):
+    ends, seen = [] if ends is None else ends, 0
+    for scenario, outcome in sample_isolated(name, iter(work), profile, device, 600.0, turns=turns, stream=stream):
         if scenario is None:
             if outcome[0] != "environment":
                 raise RuntimeError(f"worker: {outcome}")
@@ -126,6 +129,28 @@ def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device
         if seen % len(planned) == 0:
             ends.append(time.perf_counter())
     return (ends[-1] - ends[0]) / passes
+
+
+def turns_pass(name: str, planned, profile, passes: int, stream: bool) -> float:
+    """Seconds per catalog pass of two workers of ``name`` taking turns on the GPU, as the
+    workers of a run of two backends sample (each does one catalog pass in that time):
+    ``isolated_pass`` in two threads on one lock folder, from the later first pass's end to
+    the later last pass's end."""
+    import tempfile
+    import threading
+
+    folder, ends = tempfile.mkdtemp(prefix="profile-loop-turns-"), ([], [])
+    threads = [
+        threading.Thread(target=isolated_pass, args=(name, planned, profile, passes, stream), kwargs={"turns": folder, "ends": e})
+        for e in ends
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if not all(len(e) == passes + 1 for e in ends):
+        raise RuntimeError("a worker taking turns did not finish its passes")
+    return (max(e[-1] for e in ends) - max(e[0] for e in ends)) / passes
 
 
 def host_profiled_pass(backend, planned, profile, path: str) -> None:
@@ -185,6 +210,7 @@ def main() -> int:
     ap.add_argument("--host-profile", help="write a cProfile table of one more stream pass to this file")
     ap.add_argument("--compare-ahead", type=int, help="also time stream passes that run this many scenarios ahead")
     ap.add_argument("--isolated", type=int, default=0, help="also time this many catalog passes through a worker process, per pass")
+    ap.add_argument("--turns", type=int, default=0, help="also time this many passes of two workers taking turns on the GPU")
     ap.add_argument("--repeat", type=int, default=5, help="passes of the loop and of the backend alone (the fastest counts)")
     args = ap.parse_args()
     profile = get_profile(args.profile)
@@ -242,6 +268,13 @@ def main() -> int:
             "passes": args.isolated,
             "wall_s": seconds,
             "overhead": 1 - sum(alone.values()) / seconds,
+        }
+    for stream in (True, False) if args.turns else ():
+        seconds = turns_pass(args.backend, planned, profile, args.turns, stream)
+        result[f"turns_{'stream' if stream else 'one_at_a_time'}"] = {
+            "passes": args.turns,
+            "wall_s": seconds,
+            "overhead": 1 - 2 * sum(alone.values()) / seconds,
         }
     if shallow:
         result["stream_compared"] = {
