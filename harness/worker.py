@@ -20,12 +20,16 @@ the oldest one's counts are not back. A worker that takes turns streams within e
 the turn takes the items already in the pipe, for up to ``TURN_SECONDS``, then hands the
 device on. When a streaming worker dies (or hangs) holding several items, none is charged
 at once (any of them may have caused it): a fresh worker samples them one at a time, and a
-crash or hang there charges that item alone.
+crash or hang there charges that item alone. The parent sends from a thread of its own
+(``_Sender``): with many items ahead and large outcomes both pipes fill, and a parent stuck
+sending while its worker is stuck sending an outcome would hang the run.
 """
 
 import fcntl
 import multiprocessing as mp
 import os
+import queue
+import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -37,43 +41,43 @@ LOAD_TIMEOUT = 300.0  # importing vLLM and compiling kernels takes a while
 AHEAD = 2  # items sent before their turn: the next one waits in the pipe, so the worker never idles
 TURN = ("turn",)  # a worker's message: it now holds the device, its scenario's time starts
 WAITING = ("waiting",)  # a worker's message while another worker holds the device
-WAIT_BEAT = 1.0  # seconds between WAITING messages
+WAIT_BEAT = 1.0  # seconds between WAITING messages (a quarter of the timeout if that is shorter)
 TURN_SECONDS = 1.0  # a streaming turn takes no new item after this long
 TURN_PAUSE = 0.005  # after its turn a worker waits this long, so a waiting one takes the device
 
 
 @contextmanager
-def device_turn(turns: str | None, gpu: int | None, waiting=None):
+def device_turn(turns: str | None, gpu: int | None, waiting=None, beat: float = WAIT_BEAT):
     """Hold GPU ``gpu``'s lock file in the folder ``turns`` (None: no turns to take);
-    ``waiting()`` is called every ``WAIT_BEAT`` seconds while another process holds it."""
+    ``waiting()`` is called every ``beat`` seconds while another process holds it."""
     if turns is None:
         yield
         return
     with open(os.path.join(turns, f"gpu{gpu or 0}.lock"), "a") as f:
-        _lock(f, waiting)
+        _lock(f, waiting, beat)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _lock(f, waiting) -> None:
+def _lock(f, waiting, beat: float) -> None:
     if waiting is None:
         fcntl.flock(f, fcntl.LOCK_EX)
         return
-    beat = time.monotonic()
+    last = time.monotonic()
     while True:  # polled, to beat while waiting; a releasing worker pauses (TURN_PAUSE) to let it in
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            if time.monotonic() - beat >= WAIT_BEAT:
+            if time.monotonic() - last >= beat:
                 waiting()
-                beat = time.monotonic()
+                last = time.monotonic()
             time.sleep(0.001)
 
 
-def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, turns=None, stream=False):
+def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, turns=None, stream=False, beat=WAIT_BEAT):
     from harness.device import configure_triton, pin_gpu
 
     if gpu is not None:  # before CUDA is initialized: this worker sees one GPU
@@ -98,11 +102,11 @@ def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, tur
             conn.send(outcome)
         return
     if stream:
-        _serve_turns(conn, backend, device, profile, gpu, time_backend, turns)
+        _serve_turns(conn, backend, device, profile, gpu, time_backend, turns, beat)
         return
     while (item := _next_item(conn)) is not None:
         data, count = item
-        with device_turn(turns, gpu, lambda: conn.send(WAITING)):
+        with device_turn(turns, gpu, lambda: conn.send(WAITING), beat):
             if turns is not None:
                 conn.send(TURN)
             outcome = sample_one(backend, Scenario.from_dict(data), profile, count, time_backend)
@@ -111,7 +115,7 @@ def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, tur
         conn.send(outcome)
 
 
-def _serve_turns(conn, backend, device, profile, gpu, time_backend, turns):
+def _serve_turns(conn, backend, device, profile, gpu, time_backend, turns, beat):
     """Stream in turns: each turn waits for one item, then also takes the items already in
     the pipe for up to ``TURN_SECONDS``, sends every outcome and hands the device on."""
     from harness.runner import sample_stream
@@ -131,7 +135,7 @@ def _serve_turns(conn, backend, device, profile, gpu, time_backend, turns):
                 return
 
     while not ended and (first := _next_item(conn)) is not None:
-        with device_turn(turns, gpu, lambda: conn.send(WAITING)):
+        with device_turn(turns, gpu, lambda: conn.send(WAITING), beat):
             conn.send(TURN)
             for _, outcome in sample_stream(backend, turn(first), profile, time_backend, available=lambda: _waiting(conn)):
                 conn.send(outcome)
@@ -202,16 +206,33 @@ def _receive(conn, proc, timeout):
     return ("error", f"worker died with exit code {proc.exitcode} (a crash in the backend)")
 
 
-def _send_item(conn, item) -> None:
+def _send_item(sender, item) -> None:
     """A (scenario, trials) work item, as the worker reads it (``_items``)."""
-    _send(conn, (item[0].to_dict(), item[1]))
+    sender.send((item[0].to_dict(), item[1]))
 
 
-def _send(conn, message) -> None:
-    try:
-        conn.send(message)
-    except OSError:  # the worker is gone: the next receive says how
-        pass
+class _Sender:
+    """The parent's messages to one worker, sent in order from a thread of their own: the
+    parent never blocks on a full pipe (work items ahead) while the worker blocks sending it
+    an outcome, which would leave both waiting, the worker holding its GPU turn."""
+
+    def __init__(self, conn):
+        self._queue = queue.SimpleQueue()
+        threading.Thread(target=self._run, args=(conn,), name="worker-sender", daemon=True).start()
+
+    def send(self, message) -> None:
+        self._queue.put(("message", message))
+
+    def close(self) -> None:
+        """Stop after what is queued (the thread also stops when the worker is gone)."""
+        self._queue.put(("close", None))
+
+    def _run(self, conn) -> None:
+        while (entry := self._queue.get())[0] == "message":
+            try:
+                conn.send(entry[1])
+            except OSError:  # the worker is gone (or the parent closed the pipe): the receiver says how
+                return
 
 
 def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None, time_backend: bool = False, turns=None, stream=None):
@@ -232,10 +253,11 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
     alone = 0  # the worker died holding this many items: the next samples them one at a time
     while True:
         parent, child = ctx.Pipe(duplex=True)
-        args = (child, name, device, profile.__dict__, gpu, time_backend, turns, stream)
+        args = (child, name, device, profile.__dict__, gpu, time_backend, turns, stream, min(WAIT_BEAT, timeout / 4))
         proc = ctx.Process(target=_serve, args=args, daemon=True)
         proc.start()
         child.close()
+        sender = _Sender(parent)
         try:
             first = _receive(parent, proc, LOAD_TIMEOUT)
             if first[0] != "loaded":
@@ -243,35 +265,37 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
                 return
             yield None, ("environment", first[1])
             while alone and proc.is_alive():  # each alone: a crash or hang here is its own
-                _send_item(parent, sent[0])
+                _send_item(sender, sent[0])
                 outcome = _receive(parent, proc, timeout)
                 yield sent.popleft()[0], outcome
                 alone -= 1
             if alone or not proc.is_alive():
                 continue  # it died on an item of its own (charged): a fresh worker takes the rest
             for item in sent:
-                _send_item(parent, item)
-            ended = yield from _drain(parent, proc, items, sent, timeout, ahead, stream)
+                _send_item(sender, item)
+            ended = yield from _drain(parent, sender, proc, items, sent, timeout, ahead, stream)
             if ended == "done":
                 return
             alone = len(sent) if ended == "died holding several" else 0
         finally:  # also when the caller stops listening: no worker is left behind
+            sender.close()
             parent.close()
             if proc.is_alive():
                 proc.kill()
                 proc.join()
 
 
-def _drain(conn, proc, items, sent, timeout, ahead: int = AHEAD, stream: bool = False):
+def _drain(conn, sender, proc, items, sent, timeout, ahead: int = AHEAD, stream: bool = False):
     """Feed ``proc`` up to ``ahead`` items and yield its outcomes until the work ends
     ("done") or it dies: "died" (the oldest item charged), or, for a streaming worker,
-    "died holding several" (not charged: any of them may have caused it)."""
+    "died holding several" (not charged: any of them may have caused it). An outcome that
+    has arrived is read before the next item is taken (which may wait for its planning)."""
     while True:
-        while len(sent) < ahead and (item := next(items, None)) is not None:
+        while len(sent) < ahead and not (sent and conn.poll(0)) and (item := next(items, None)) is not None:
             sent.append(item)
-            _send_item(conn, item)
+            _send_item(sender, item)
         if not sent:
-            _send(conn, None)  # no more work: the worker exits
+            sender.send(None)  # no more work: the worker exits
             proc.join(timeout=30)
             return "done"
         outcome = _receive(conn, proc, timeout)

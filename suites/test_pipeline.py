@@ -4,6 +4,7 @@ with one generator)."""
 
 import fcntl
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from harness.catalog import catalog
 from harness.device import gpu_skip_reason
 from harness.profiles import get_profile
 from harness.runner import load_for_device, planned_trials, run, sample_scenario
+from harness.scenarios import Scenario
 from harness.worker import device_turn, sample_isolated
 from reference.methods import Method
 from suites.test_isolation import MARK
@@ -341,13 +343,19 @@ def test_a_streaming_worker_gives_the_serial_outcomes_a_crash_charged_to_its_own
 
 
 def test_streaming_workers_of_two_backends_take_turns_and_give_the_serial_outcomes(tmp_path):
-    """Two workers streaming on one lock file, read at once as a run reads its backends."""
+    """Two workers streaming on one lock file, read at once as a run reads its backends,
+    their items arriving as a run plans them."""
     work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
     expected = [outcome_fields(runner.sample_one(load_for_device("reference", "cpu"), s, PROFILE, n)) for s, n in work]
     got = {}
 
+    def planned_slowly():  # the pipe runs empty between items: each turn is short, the workers alternate
+        for item in work:
+            time.sleep(0.05)
+            yield item
+
     def read(i):
-        stream = sample_isolated("reference", iter(work), PROFILE, "cpu", 120, turns=str(tmp_path), stream=True)
+        stream = sample_isolated("reference", planned_slowly(), PROFILE, "cpu", 120, turns=str(tmp_path), stream=True)
         got[i] = [outcome_fields(o) for s, o in stream if s is not None]
 
     threads = [threading.Thread(target=read, args=(i,)) for i in range(2)]
@@ -378,3 +386,23 @@ def test_a_worker_waiting_for_its_turn_is_not_timed_out(tmp_path):
     assert [outcome[0] for _, outcome in stream] == ["tallies", "tallies"]
     assert release.is_set()  # the outcomes came after the turn was handed over
     holder.join()
+
+
+def test_many_large_items_and_large_outcomes_do_not_deadlock_a_streaming_worker(tmp_path):
+    """70 items of 40 requests (2 KB each, sent ahead) and outcomes of 1.5 MB: both pipes
+    fill. The parent sends from a thread of its own (``harness.worker._Sender``), so it is
+    never stuck sending while the worker, holding its turn, is stuck sending an outcome."""
+    base = next(s for s in SCENARIOS if s.name == "standard-near-target").to_dict()
+    request = base["requests"][1]
+    work = [(Scenario.from_dict(dict(base, name=f"big-{i}", vocab_size=512, requests=[request] * 40)), 4) for i in range(70)]
+    got = []
+
+    def read():
+        stream = sample_isolated("reference", iter(work), PROFILE, "cpu", 60, turns=str(tmp_path), stream=True)
+        got.extend(outcome[0] for _, outcome in stream)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(120)
+    assert not reader.is_alive(), f"stuck after {len(got)} messages"
+    assert got == ["environment"] + ["tallies"] * 70
