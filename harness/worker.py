@@ -214,7 +214,8 @@ def _send_item(sender, item) -> None:
 class _Sender:
     """The parent's messages to one worker, sent in order from a thread of their own: the
     parent never blocks on a full pipe (work items ahead) while the worker blocks sending it
-    an outcome, which would leave both waiting, the worker holding its GPU turn."""
+    an outcome, which would leave both waiting, the worker holding its GPU turn. The thread
+    owns the connection's end: it closes it after ``close()``, never while a send may run."""
 
     def __init__(self, conn):
         self._queue = queue.SimpleQueue()
@@ -224,15 +225,18 @@ class _Sender:
         self._queue.put(("message", message))
 
     def close(self) -> None:
-        """Stop after what is queued (the thread also stops when the worker is gone)."""
+        """Send what is queued, then close the connection (the parent reads from it no more)."""
         self._queue.put(("close", None))
 
     def _run(self, conn) -> None:
+        gone = False
         while (entry := self._queue.get())[0] == "message":
-            try:
-                conn.send(entry[1])
-            except OSError:  # the worker is gone (or the parent closed the pipe): the receiver says how
-                return
+            if not gone:
+                try:
+                    conn.send(entry[1])
+                except OSError:  # the worker is gone: the receiver says how
+                    gone = True
+        conn.close()
 
 
 def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None, time_backend: bool = False, turns=None, stream=None):
@@ -253,12 +257,14 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
     alone = 0  # the worker died holding this many items: the next samples them one at a time
     while True:
         parent, child = ctx.Pipe(duplex=True)
-        args = (child, name, device, profile.__dict__, gpu, time_backend, turns, stream, min(WAIT_BEAT, timeout / 4))
+        beat = max(0.05, min(WAIT_BEAT, timeout / 4))
+        args = (child, name, device, profile.__dict__, gpu, time_backend, turns, stream, beat)
         proc = ctx.Process(target=_serve, args=args, daemon=True)
         proc.start()
         child.close()
-        sender = _Sender(parent)
+        sender = None
         try:
+            sender = _Sender(parent)
             first = _receive(parent, proc, LOAD_TIMEOUT)
             if first[0] != "loaded":
                 yield None, ("load-error", first[1])
@@ -278,8 +284,10 @@ def sample_isolated(name, work, profile, device, timeout, gpu: int | None = None
                 return
             alone = len(sent) if ended == "died holding several" else 0
         finally:  # also when the caller stops listening: no worker is left behind
-            sender.close()
-            parent.close()
+            if sender is None:
+                parent.close()
+            else:
+                sender.close()  # it closes the pipe once its sends are done (or failed: killed below)
             if proc.is_alive():
                 proc.kill()
                 proc.join()

@@ -358,7 +358,7 @@ def test_streaming_workers_of_two_backends_take_turns_and_give_the_serial_outcom
         stream = sample_isolated("reference", planned_slowly(), PROFILE, "cpu", 120, turns=str(tmp_path), stream=True)
         got[i] = [outcome_fields(o) for s, o in stream if s is not None]
 
-    threads = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
