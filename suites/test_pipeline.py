@@ -309,14 +309,16 @@ class PendingThenCrashes:
         return _reference_on_host(self._reference, batch)
 
 
-# (workers started, outcomes given before the first crash): reference: one worker; Crashes:
-# the first two outcomes come back, then MARK crashes its worker, a fresh one samples it
-# alone (and dies), a third takes the rest; PendingThenCrashes: the worker dies holding the
-# first two (innocent) and MARK, so none came back before a fresh worker samples them alone.
+# (workers started, most outcomes given before the first crash): reference: one worker;
+# Crashes: the first two outcomes come back, then MARK crashes its worker, a fresh one samples
+# it alone (and dies), a third takes the rest; PendingThenCrashes: the worker dies holding
+# MARK and the items sent after it, and usually the first two (innocent) as well: how many of
+# those came back first depends on how fast the items reach its pipe. Either way it dies
+# holding several, and none of the innocent ones may be charged (their outcomes are compared).
 STREAMING_WORKERS = {
     "reference": (1, 5),
     "suites.test_isolation:Crashes": (3, 2),
-    "suites.test_pipeline:PendingThenCrashes": (3, 0),
+    "suites.test_pipeline:PendingThenCrashes": (3, 2),
 }
 
 
@@ -334,7 +336,7 @@ def test_a_streaming_worker_gives_the_serial_outcomes_a_crash_charged_to_its_own
     assert [s.name for s, _ in streamed] == [s.name for s, _ in work]
     starts = [i for i, (s, o) in enumerate(everything) if s is None]
     assert len(starts) == STREAMING_WORKERS[backend][0]
-    assert starts[1:2] in ([], [STREAMING_WORKERS[backend][1] + 1])  # outcomes between the first two starts
+    assert starts[1:2] == [] or starts[1] - 1 <= STREAMING_WORKERS[backend][1]  # outcomes between the first two starts
     for (s, outcome), want in zip(streamed, expected):
         if backend != "reference" and s.name == MARK:
             assert outcome[0] == "error" and "exit code 3" in outcome[1]
