@@ -134,8 +134,10 @@ def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device
 def turns_pass(name: str, planned, profile, passes: int, stream: bool) -> float:
     """Seconds per catalog pass of two workers of ``name`` taking turns on the GPU, as the
     workers of a run of two backends sample (each does one catalog pass in that time):
-    ``isolated_pass`` in two threads on one lock folder, from the later first pass's end to
-    the later last pass's end."""
+    ``isolated_pass`` in two threads on one lock folder. The window runs from the later
+    warm-up pass's end to the last pass's end and counts both workers' passes that end in
+    it: the earlier worker may have done several passes before the later one warmed up (it
+    waits out its partner's turns), and those are outside the window."""
     import tempfile
     import threading
 
@@ -150,7 +152,9 @@ def turns_pass(name: str, planned, profile, passes: int, stream: bool) -> float:
         t.join()
     if not all(len(e) == passes + 1 for e in ends):
         raise RuntimeError("a worker taking turns did not finish its passes")
-    return (max(e[-1] for e in ends) - max(e[0] for e in ends)) / passes
+    start, end = max(e[0] for e in ends), max(e[-1] for e in ends)
+    counted = sum(1 for e in ends for t in e if t > start)
+    return 2 * (end - start) / counted
 
 
 def host_profiled_pass(backend, planned, profile, path: str) -> None:
