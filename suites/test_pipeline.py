@@ -322,14 +322,20 @@ STREAMING_WORKERS = {
 }
 
 
+def _work_and_serial_outcomes():
+    """Every scenario with its planned trials, and the reference's outcomes sampled one by one in process."""
+    work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
+    reference = load_for_device("reference", "cpu")
+    return work, [outcome_fields(runner.sample_one(reference, s, PROFILE, n)) for s, n in work]
+
+
 @pytest.mark.parametrize("turns", [False, True], ids=["alone", "in-turns"])
 @pytest.mark.parametrize("backend", list(STREAMING_WORKERS))
 def test_a_streaming_worker_gives_the_serial_outcomes_a_crash_charged_to_its_own_scenario(backend, turns, tmp_path):
     """The streaming worker protocol (forced on here; by default on a GPU), alone or taking
     turns: the parent sends many items ahead. When the worker dies holding several, a fresh
     worker samples them one at a time before anything is charged, and the rest follow."""
-    work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
-    expected = [outcome_fields(runner.sample_one(load_for_device("reference", "cpu"), s, PROFILE, n)) for s, n in work]
+    work, expected = _work_and_serial_outcomes()
     folder = str(tmp_path) if turns else None
     everything = list(sample_isolated(backend, iter(work), PROFILE, "cpu", 120, turns=folder, stream=True))
     streamed = [(s, o) for s, o in everything if s is not None]
@@ -347,8 +353,7 @@ def test_a_streaming_worker_gives_the_serial_outcomes_a_crash_charged_to_its_own
 def test_streaming_workers_of_two_backends_take_turns_and_give_the_serial_outcomes(tmp_path):
     """Two workers streaming on one lock file, read at once as a run reads its backends,
     their items arriving as a run plans them."""
-    work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
-    expected = [outcome_fields(runner.sample_one(load_for_device("reference", "cpu"), s, PROFILE, n)) for s, n in work]
+    work, expected = _work_and_serial_outcomes()
     got = {}
 
     def planned_slowly():  # the pipe runs empty between items: each turn is short, the workers alternate
