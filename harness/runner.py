@@ -543,8 +543,8 @@ def run(
     plans = Plans(scenarios, profile, order)
     # Workers of every backend at once: each loads while the others sample (importing vLLM
     # alone takes 8-24 s on a GPU machine). On a GPU they take turns (a lock file per GPU),
-    # streaming the scenarios waiting for them within a turn, so each call has the device's
-    # memory budget and time to itself.
+    # streaming the scenarios waiting for them within a turn, so that each call has the
+    # per-call memory budget (a turn's last items may overlap the next one's first).
     concurrent = pipelined and isolate and len(backend_names) > 1
     turns = tempfile.mkdtemp(prefix="specdec-gpu-turns-") if concurrent and device != "cpu" else None
 

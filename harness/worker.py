@@ -10,19 +10,23 @@ error record and a fresh worker takes the remaining scenarios. An import failure
 backend's own load verdict.
 
 Several backends' workers run at once; on a GPU they sample in turns (``device_turn``: a
-lock file per GPU, which the OS releases when a holder dies), so each scenario has the
-device to itself. A worker says when its turn starts (``TURN``), and every ``WAIT_BEAT``
-seconds while it waits for one (``WAITING``): the timeout counts from the turn's start.
+lock file per GPU, which the OS releases when a holder dies), so that each call has the
+per-call memory budget. A worker says when its turn starts (``TURN``), and every
+``WAIT_BEAT`` seconds while it waits for one (``WAITING``): the timeout counts from the
+turn's start.
 
 A worker on a GPU streams (``runner.sample_stream``): the parent sends up to
 ``runner.STREAM_AHEAD`` + 1 items ahead and the worker queues them on the device while
 the oldest one's counts are not back. A worker that takes turns streams within each turn:
-the turn takes the items already in the pipe, for up to ``TURN_SECONDS``, then hands the
-device on. When a streaming worker dies (or hangs) holding several items, none is charged
-at once (any of them may have caused it): a fresh worker samples them one at a time, and a
-crash or hang there charges that item alone. The parent sends from a thread of its own
-(``_Sender``): with many items ahead and large outcomes both pipes fill, and a parent stuck
-sending while its worker is stuck sending an outcome would hang the run.
+the turn takes the items already in the pipe, for up to ``TURN_SECONDS``. Where the GPU has
+the memory for it (``_hands_on_early``), and the calls are not being timed, the turn is
+handed on once its items are queued: the next worker's first items then overlap this
+turn's last ones on the device, which hides the restart of its stream. When a streaming worker dies (or hangs)
+holding several items, none is charged at once (any of them may have caused it): a fresh
+worker samples them one at a time, and a crash or hang there charges that item alone. The
+parent sends from a thread of its own (``_Sender``): with many items ahead and large
+outcomes both pipes fill, and a parent stuck sending while its worker is stuck sending an
+outcome would hang the run.
 """
 
 import fcntl
@@ -39,26 +43,36 @@ from harness.scenarios import Scenario
 
 LOAD_TIMEOUT = 300.0  # importing vLLM and compiling kernels takes a while
 AHEAD = 2  # items sent before their turn: the next one waits in the pipe, so the worker never idles
-TURN = ("turn",)  # a worker's message: it now holds the device, its scenario's time starts
+TURN = ("turn",)  # a worker's message: its turn starts, and its scenarios' time with it
 WAITING = ("waiting",)  # a worker's message while another worker holds the device
 WAIT_BEAT = 1.0  # seconds between WAITING messages (a quarter of the timeout if that is shorter)
-TURN_SECONDS = 1.0  # a streaming turn takes no new item after this long
+TURN_SECONDS = 3.0  # a streaming turn takes no new item after this long (each turn restarts a stream)
+CALL_BYTES_PER_LOGIT = 20  # device memory one call may take beyond a stream's share, per logit of its budget
 TURN_PAUSE = 0.005  # after its turn a worker waits this long, so a waiting one takes the device
 
 
 @contextmanager
 def device_turn(turns: str | None, gpu: int | None, waiting=None, beat: float = WAIT_BEAT):
     """Hold GPU ``gpu``'s lock file in the folder ``turns`` (None: no turns to take);
-    ``waiting()`` is called every ``beat`` seconds while another process holds it."""
+    ``waiting()`` is called every ``beat`` seconds while another process holds it. Yields
+    ``release()``, which hands the turn on before the block ends (at most once)."""
     if turns is None:
-        yield
+        yield lambda: None
         return
     with open(os.path.join(turns, f"gpu{gpu or 0}.lock"), "a") as f:
         _lock(f, waiting, beat)
+        held = True
+
+        def release():
+            nonlocal held
+            if held:
+                held = False
+                fcntl.flock(f, fcntl.LOCK_UN)
+
         try:
-            yield
+            yield release
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            release()
 
 
 def _lock(f, waiting, beat: float) -> None:
@@ -117,31 +131,62 @@ def _serve(conn, name, device, profile_fields, gpu=None, time_backend=False, tur
 
 def _serve_turns(conn, backend, device, profile, gpu, time_backend, turns, beat):
     """Stream in turns: each turn waits for one item, then also takes the items already in
-    the pipe for up to ``TURN_SECONDS``, sends every outcome and hands the device on."""
+    the pipe for up to ``TURN_SECONDS``. A turn that ends with items still queued on the
+    device may be handed on before they are done (``_hands_on_early``): the next worker
+    prepares its first items meanwhile."""
     from harness.runner import sample_stream
 
     ended = False
 
-    def turn(first):
+    def turn(first, release):
         nonlocal ended
         start = time.monotonic()
         item = first
         while True:
             yield Scenario.from_dict(item[0]), item[1]
-            if time.monotonic() - start >= TURN_SECONDS or not _waiting(conn):
-                return
+            if not _waiting(conn):
+                return  # the stream has run its queue dry before asking: nothing to overlap
+            if time.monotonic() - start >= TURN_SECONDS:
+                break
             if (item := _next_item(conn)) is None:
                 ended = True
-                return
+                break
+        if _hands_on_early(device, time_backend, profile):
+            release()  # this turn's last items are queued, still running
 
     while not ended and (first := _next_item(conn)) is not None:
-        with device_turn(turns, gpu, lambda: conn.send(WAITING), beat):
+        with device_turn(turns, gpu, lambda: conn.send(WAITING), beat) as release:
             conn.send(TURN)
-            for _, outcome in sample_stream(backend, turn(first), profile, time_backend, available=lambda: _waiting(conn)):
+            items = turn(first, release)
+            for _, outcome in sample_stream(backend, items, profile, time_backend, available=lambda: _waiting(conn)):
                 conn.send(outcome)
-            if device != "cpu":
-                _return_cached_memory()  # the next worker's turn needs the GPU's memory
+            if device != "cpu":  # the next worker's turn needs the GPU's memory: returned before
+                _return_cached_memory()  # the turn is handed on, unless it was handed on early
         time.sleep(TURN_PAUSE)
+
+
+def _hands_on_early(device: str, time_backend: bool, profile: Profile) -> bool:
+    """Whether a turn is handed on while its last items still run. Not for timed calls (no
+    call's time may include another worker's work). On a GPU, only while the memory free on
+    it (every process counted) holds what the next worker may take before this one is done:
+    a stream's share (``runner.STREAM_MEMORY_SHARE``) and one call beyond it, at
+    ``CALL_BYTES_PER_LOGIT`` (vLLM MRV2 held up to 19 GB past its stream's share at the
+    ``gpu`` profile's 2^30 logits, session 12). Otherwise this worker returns its cache
+    and hands the turn on once its items are done."""
+    if time_backend:
+        return False
+    if device == "cpu":
+        return True
+    import torch
+
+    from harness.device import gpu_sharers
+    from harness.runner import STREAM_MEMORY_SHARE, device_chunk_elements
+
+    try:
+        free, total = torch.cuda.mem_get_info()
+    except RuntimeError:  # a device fault: the turn ends as it did before
+        return False
+    return free >= STREAM_MEMORY_SHARE * total / gpu_sharers() + CALL_BYTES_PER_LOGIT * device_chunk_elements(profile)
 
 
 def _streams(device: str) -> bool:

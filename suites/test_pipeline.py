@@ -3,6 +3,8 @@ ones of the serial order (plan everything, sample everything, evaluate in catalo
 with one generator)."""
 
 import fcntl
+import multiprocessing
+import os
 import threading
 import time
 
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 
 import harness.runner as runner
+import harness.worker as worker
 from harness.catalog import catalog
 from harness.device import gpu_skip_reason
 from harness.profiles import get_profile
@@ -190,6 +193,88 @@ def test_a_device_turn_excludes_other_holders_until_released(tmp_path):
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
     with device_turn(None, None):
         pass  # no turns to take: nothing to hold
+
+
+def test_a_device_turn_handed_on_early_lets_the_next_holder_in_and_stays_handed_on(tmp_path):
+    """A worker hands its turn on once its items are queued (``release``), before its block
+    ends; releasing again, or leaving the block, does not take the next holder's turn."""
+    lock = tmp_path / "gpu0.lock"
+    with open(lock, "a") as nxt, open(lock, "a") as third:
+        with device_turn(str(tmp_path), None) as release:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(nxt, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            release()
+            fcntl.flock(nxt, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the next worker's turn
+            release()
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(third, fcntl.LOCK_EX | fcntl.LOCK_NB)  # still the next worker's
+
+
+def test_timed_calls_hand_a_turn_on_only_when_they_are_done():
+    """No backend call's time may include another worker's work on the device."""
+    assert worker._hands_on_early("cpu", False, PROFILE)
+    assert not worker._hands_on_early("cpu", True, PROFILE)
+    assert not worker._hands_on_early("cuda", True, PROFILE)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_skip_reason() is not None, reason=gpu_skip_reason() or "")
+def test_a_turn_is_handed_on_early_only_while_the_gpu_has_the_next_worker_s_memory_free(monkeypatch):
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    call_logits = runner.device_chunk_elements(PROFILE)  # divided among pytest-xdist workers on one GPU
+    monkeypatch.setattr(runner, "STREAM_MEMORY_SHARE", 0.0)
+    monkeypatch.setattr(worker, "CALL_BYTES_PER_LOGIT", 0.5 * free / call_logits)
+    assert worker._hands_on_early("cuda", False, PROFILE)
+    monkeypatch.setattr(worker, "CALL_BYTES_PER_LOGIT", 1.5 * total / call_logits)
+    assert not worker._hands_on_early("cuda", False, PROFILE)
+
+
+class _LockProbe:
+    """A worker's end of its pipe that notes, at each outcome it sends, whether its GPU's
+    turn is free for another worker to take."""
+
+    def __init__(self, conn, folder):
+        self.conn, self.lock, self.free = conn, os.path.join(folder, "gpu0.lock"), []
+
+    def send(self, message):
+        if message not in (worker.TURN, worker.WAITING):
+            with open(self.lock, "a") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self.free.append(True)
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    self.free.append(False)
+        self.conn.send(message)
+
+    def recv(self):
+        return self.conn.recv()
+
+    def poll(self, timeout=0.0):
+        return self.conn.poll(timeout)
+
+
+@pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
+def test_a_turn_is_handed_on_once_its_items_are_queued_unless_its_calls_are_timed(timed, tmp_path, monkeypatch):
+    """A turn whose items are all queued, none done (counts never ready, as on a busy GPU),
+    hands the device on before its first outcome goes out; timed calls keep it to the end."""
+    monkeypatch.setattr(runner.Started, "ready", runner.Started.ready)  # restored after PendingThenCrashes
+    backend = PendingThenCrashes()
+    parent, child = multiprocessing.Pipe(duplex=True)
+    work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS if s.name != MARK][:3]
+    for s, count in work:
+        parent.send((s.to_dict(), count))
+    parent.send(None)
+    probe = _LockProbe(child, str(tmp_path))
+    args = (probe, backend, "cpu", PROFILE, None, timed, str(tmp_path), 1.0)
+    serving = threading.Thread(target=worker._serve_turns, args=args, daemon=True)
+    serving.start()
+    messages = [parent.recv() for _ in range(1 + len(work)) if parent.poll(60)]
+    serving.join(60)
+    assert messages[0] == worker.TURN and [m[0] for m in messages[1:]] == ["tallies"] * len(work)
+    assert probe.free == [not timed] * len(work)
 
 
 def test_a_worker_taking_turns_delivers_every_outcome(tmp_path):
