@@ -19,9 +19,8 @@ up to ``runner.STREAM_AHEAD`` ahead; materializing the templates included; ``--c
 N``: N ahead as well), the fastest of ``--repeat`` passes, against the same backend-alone total.
 ``--isolated N``: the steady-state time per catalog pass through one worker process, as a
 run with isolation samples (streaming, and one scenario at a time; N passes after a
-warm-up pass), against the same total. ``--turns N``: the same through two workers of the
-backend taking turns on the GPU, as the workers of a run of two backends do (streaming in
-turns, and one scenario per turn), against twice the total.
+warm-up pass), against the same total. ``--turns N``: two workers of the backend taking turns on the GPU,
+streaming in turns as the workers of a run of two backends do (``turns_pass``).
 
 GPU machine: ``python benchmarks/profile_loop.py --backend triton --json OUT.json``
 (``--trace DIR``: a torch.profiler trace of one more stream pass, phases labelled, and
@@ -107,7 +106,7 @@ def traced_pass(backend, planned, profile, folder: str) -> dict:
         return idle(json.load(f)["traceEvents"], set(labelled.parts))
 
 
-def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device: str = "cuda", turns=None, ends=None) -> float:
+def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device: str = "cuda", turns=None, done=None) -> float:
     """Seconds per catalog pass through one worker process (``harness.worker``, as a run
     with isolation samples; ``stream``: the streaming protocol, else one scenario at a
     time), in the steady state: ``passes`` + 1 passes back to back, the time from the first
@@ -115,46 +114,68 @@ def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device
     kernels and warms the worker. A streaming worker runs ahead across pass boundaries, so
     a single pass is not timed alone: over many, the work it did ahead at either end is
     about the same and cancels. ``turns``: the lock folder the worker takes turns in;
-    ``ends``: a list to get each pass's end time."""
+    ``done``: a list to get (arrival time, scenario name) of every outcome."""
     from harness.worker import sample_isolated
 
     work = [(s, count) for s, _, count in planned] * (passes + 1)
-    ends, seen = [] if ends is None else ends, 0
+    done = [] if done is None else done
     for scenario, outcome in sample_isolated(name, iter(work), profile, device, 600.0, turns=turns, stream=stream):
-        if scenario is None:
-            if outcome[0] != "environment":
-                raise RuntimeError(f"worker: {outcome}")
-            continue
-        seen += 1
-        if seen % len(planned) == 0:
-            ends.append(time.perf_counter())
+        if scenario is None and outcome[0] != "environment" or scenario is not None and outcome[0] == "error":
+            raise RuntimeError(f"worker: {outcome}")  # a pass that timed errors would be fast and wrong
+        if scenario is not None:
+            done.append((time.perf_counter(), scenario.name))
+    ends = [t for t, _ in done[len(planned) - 1 :: len(planned)]]
     return (ends[-1] - ends[0]) / passes
 
 
-def turns_pass(name: str, planned, profile, passes: int, stream: bool) -> float:
-    """Seconds per catalog pass of two workers of ``name`` taking turns on the GPU, as the
-    workers of a run of two backends sample (each does one catalog pass in that time):
-    ``isolated_pass`` in two threads on one lock folder. The window runs from the later
-    warm-up pass's end to the last pass's end and counts both workers' passes that end in
-    it: the earlier worker may have done several passes before the later one warmed up (it
-    waits out its partner's turns), and those are outside the window."""
+MIN_TURNS = 10  # turns inside a turns_pass window: a turn's start-up cost is counted about as often as it occurs
+
+
+def turns_pass(name: str, planned, profile, passes: int, stream: bool, alone: dict) -> dict:
+    """Two workers of ``name`` taking turns on the GPU, as the workers of a run of two
+    backends sample: ``isolated_pass`` in two threads on one lock folder, ``passes`` + 1
+    passes each. Timed while both are warm and both have work: from the later worker's
+    warm-up pass end to the earlier worker's last outcome. The backend's work done in that
+    window is the backend-alone time (``alone``, per scenario; an unsupported one has none)
+    of every outcome that arrives in it, so where the window cuts a turn, or a pass, does
+    not quantize the count. overhead = 1 - work / window. At either edge each worker may
+    have one scenario partly done (a turn's last items overlap the next turn's first), so
+    the figure is exact to within ``edge_bound``. A turn starts where a worker's outcomes
+    resume after a pause of half a turn; a window with fewer than ``MIN_TURNS`` turns is
+    refused (its count of turn starts, hence of their cost, depends on where it falls)."""
     import tempfile
     import threading
 
-    folder, ends = tempfile.mkdtemp(prefix="profile-loop-turns-"), ([], [])
+    from harness.worker import TURN_SECONDS
+
+    folder, done = tempfile.mkdtemp(prefix="profile-loop-turns-"), ([], [])
     threads = [
-        threading.Thread(target=isolated_pass, args=(name, planned, profile, passes, stream), kwargs={"turns": folder, "ends": e})
-        for e in ends
+        threading.Thread(target=isolated_pass, args=(name, planned, profile, passes, stream), kwargs={"turns": folder, "done": d})
+        for d in done
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    if not all(len(e) == passes + 1 for e in ends):
+    total = len(planned) * (passes + 1)
+    if not all(len(d) == total for d in done):
         raise RuntimeError("a worker taking turns did not finish its passes")
-    start, end = max(e[0] for e in ends), max(e[-1] for e in ends)
-    counted = sum(1 for e in ends for t in e if t > start)
-    return 2 * (end - start) / counted
+    start = max(d[len(planned) - 1][0] for d in done)
+    end = min(d[-1][0] for d in done)
+    turns = sum(1 for d in done for (t0, _), (t1, _) in zip(d, d[1:]) if start < t1 <= end and t1 - t0 > TURN_SECONDS / 2)
+    if turns < MIN_TURNS:
+        raise RuntimeError(f"{turns} turns in the window, fewer than {MIN_TURNS}: time more passes")
+    work = sum(alone.get(s, 0.0) for d in done for t, s in d if start < t <= end)
+    window = end - start
+    return {
+        "passes": passes,
+        "window_s": window,
+        "turns": turns,
+        "work_s": work,
+        "overhead": 1 - work / window,
+        "edge_bound": 4 * max(alone.values()) / window,
+        "pair_pass_s": 2 * sum(alone.values()) * window / work,
+    }
 
 
 def host_profiled_pass(backend, planned, profile, path: str) -> None:
@@ -266,6 +287,9 @@ def main() -> int:
         "synchronized_loop_s": sum(r["seconds"] for r in per_scenario),
         "per_scenario": per_scenario,
     }
+    import torch
+
+    torch.cuda.empty_cache()  # the workers below need the memory this process's passes cached
     for stream in (True, False) if args.isolated else ():
         seconds = isolated_pass(args.backend, planned, profile, args.isolated, stream)
         result[f"isolated_{'stream' if stream else 'one_at_a_time'}"] = {
@@ -273,13 +297,8 @@ def main() -> int:
             "wall_s": seconds,
             "overhead": 1 - sum(alone.values()) / seconds,
         }
-    for stream in (True, False) if args.turns else ():
-        seconds = turns_pass(args.backend, planned, profile, args.turns, stream)
-        result[f"turns_{'stream' if stream else 'one_at_a_time'}"] = {
-            "passes": args.turns,
-            "wall_s": seconds,
-            "overhead": 1 - 2 * sum(alone.values()) / seconds,
-        }
+    if args.turns:
+        result["turns_stream"] = turns_pass(args.backend, planned, profile, args.turns, True, alone)
     if shallow:
         result["stream_compared"] = {
             "ahead": args.compare_ahead,
