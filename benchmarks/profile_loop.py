@@ -135,14 +135,16 @@ def turns_pass(name: str, planned, profile, passes: int, stream: bool, alone: di
     """Two workers of ``name`` taking turns on the GPU, as the workers of a run of two
     backends sample: ``isolated_pass`` in two threads on one lock folder, ``passes`` + 1
     passes each. Timed while both are warm and both have work: from the later worker's
-    warm-up pass end to the earlier worker's last outcome. The backend's work done in that
+    warm-up pass end to the last outcome of the worker that finishes first. The backend's work done in that
     window is the backend-alone time (``alone``, per scenario; an unsupported one has none)
     of every outcome that arrives in it, so where the window cuts a turn, or a pass, does
     not quantize the count. overhead = 1 - work / window. At either edge each worker may
-    have one scenario partly done (a turn's last items overlap the next turn's first), so
-    the figure is exact to within ``edge_bound``. A turn starts where a worker's outcomes
-    resume after a pause of half a turn; a window with fewer than ``MIN_TURNS`` turns is
-    refused (its count of turn starts, hence of their cost, depends on where it falls)."""
+    have about one scenario partly done (a turn's last items overlap the next turn's first;
+    outcomes read late add a little): ``edge_bound`` estimates that share. A turn starts
+    where a worker's outcomes resume after a pause of half a turn (a heuristic: a scenario
+    longer than that would count as one); a window with fewer than ``MIN_TURNS`` turns is
+    refused, since one turn start more or less then shifts the figure by about overhead /
+    turns. Repeat the measurement for its spread between runs, which is the larger error."""
     import tempfile
     import threading
 

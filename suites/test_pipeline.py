@@ -195,19 +195,15 @@ def test_a_device_turn_excludes_other_holders_until_released(tmp_path):
         pass  # no turns to take: nothing to hold
 
 
-def test_a_device_turn_handed_on_early_lets_the_next_holder_in_and_stays_handed_on(tmp_path):
-    """A worker hands its turn on once its items are queued (``release``), before its block
-    ends; releasing again, or leaving the block, does not take the next holder's turn."""
+def test_a_device_turn_handed_on_early_lets_the_next_holder_in(tmp_path):
+    """A worker hands its turn on once its items are queued (``release``), before its block ends."""
     lock = tmp_path / "gpu0.lock"
-    with open(lock, "a") as nxt, open(lock, "a") as third:
+    with open(lock, "a") as nxt:
         with device_turn(str(tmp_path), None) as release:
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(nxt, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            assert not _turn_is_free(str(tmp_path))
             release()
             fcntl.flock(nxt, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the next worker's turn
-            release()
-        with pytest.raises(BlockingIOError):
-            fcntl.flock(third, fcntl.LOCK_EX | fcntl.LOCK_NB)  # still the next worker's
+            release()  # at most once
 
 
 def test_timed_calls_hand_a_turn_on_only_when_they_are_done():
@@ -231,22 +227,27 @@ def test_a_turn_is_handed_on_early_only_while_the_gpu_has_the_next_worker_s_memo
     assert not worker._hands_on_early("cuda", False, PROFILE)
 
 
+def _turn_is_free(folder) -> bool:
+    """Whether another worker could take GPU 0's turn now."""
+    with open(os.path.join(folder, "gpu0.lock"), "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
 class _LockProbe:
     """A worker's end of its pipe that notes, at each outcome it sends, whether its GPU's
     turn is free for another worker to take."""
 
     def __init__(self, conn, folder):
-        self.conn, self.lock, self.free = conn, os.path.join(folder, "gpu0.lock"), []
+        self.conn, self.folder, self.free = conn, folder, []
 
     def send(self, message):
         if message not in (worker.TURN, worker.WAITING):
-            with open(self.lock, "a") as f:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    self.free.append(True)
-                    fcntl.flock(f, fcntl.LOCK_UN)
-                except BlockingIOError:
-                    self.free.append(False)
+            self.free.append(_turn_is_free(self.folder))
         self.conn.send(message)
 
     def recv(self):
@@ -259,9 +260,17 @@ class _LockProbe:
 @pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
 def test_a_turn_is_handed_on_once_its_items_are_queued_unless_its_calls_are_timed(timed, tmp_path, monkeypatch):
     """A turn whose items are all queued, none done (counts never ready, as on a busy GPU),
-    hands the device on before its first outcome goes out; timed calls keep it to the end."""
+    hands the device on before its first outcome goes out, not before its last item is
+    sampled; timed calls keep it to the end."""
     monkeypatch.setattr(runner.Started, "ready", runner.Started.ready)  # restored after PendingThenCrashes
-    backend = PendingThenCrashes()
+    backend, free_while_sampling = PendingThenCrashes(), []
+    sample = backend.sample
+
+    def sample_noting_the_turn(batch):
+        free_while_sampling.append(_turn_is_free(str(tmp_path)))
+        return sample(batch)
+
+    backend.sample = sample_noting_the_turn
     parent, child = multiprocessing.Pipe(duplex=True)
     work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS if s.name != MARK][:3]
     for s, count in work:
@@ -273,7 +282,9 @@ def test_a_turn_is_handed_on_once_its_items_are_queued_unless_its_calls_are_time
     serving.start()
     messages = [parent.recv() for _ in range(1 + len(work)) if parent.poll(60)]
     serving.join(60)
+    assert not serving.is_alive()
     assert messages[0] == worker.TURN and [m[0] for m in messages[1:]] == ["tallies"] * len(work)
+    assert free_while_sampling and not any(free_while_sampling)
     assert probe.free == [not timed] * len(work)
 
 
