@@ -186,7 +186,7 @@ def _hands_on_early(device: str, time_backend: bool, profile: Profile) -> bool:
 
     try:
         free, total = torch.cuda.mem_get_info()
-    except RuntimeError:  # a device fault: the turn ends as it did before
+    except RuntimeError:  # a device fault: the turn is handed on once its items are done
         return False
     return free >= STREAM_MEMORY_SHARE * total / gpu_sharers() + CALL_BYTES_PER_LOGIT * device_chunk_elements(profile)
 
