@@ -131,7 +131,7 @@ def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device
 MIN_TURNS = 10  # turns inside a turns_pass window: a turn's start-up cost is counted about as often as it occurs
 
 
-def turns_pass(name: str, planned, profile, passes: int, stream: bool, alone: dict) -> dict:
+def turns_pass(name: str, planned, profile, passes: int, alone: dict) -> dict:
     """Two workers of ``name`` taking turns on the GPU, as the workers of a run of two
     backends sample: ``isolated_pass`` in two threads on one lock folder, ``passes`` + 1
     passes each. Timed while both are warm and both have work: from the later worker's
@@ -152,7 +152,7 @@ def turns_pass(name: str, planned, profile, passes: int, stream: bool, alone: di
 
     folder, done = tempfile.mkdtemp(prefix="profile-loop-turns-"), ([], [])
     threads = [
-        threading.Thread(target=isolated_pass, args=(name, planned, profile, passes, stream), kwargs={"turns": folder, "done": d})
+        threading.Thread(target=isolated_pass, args=(name, planned, profile, passes, True), kwargs={"turns": folder, "done": d})
         for d in done
     ]
     for t in threads:
@@ -300,7 +300,7 @@ def main() -> int:
             "overhead": 1 - sum(alone.values()) / seconds,
         }
     if args.turns:
-        result["turns_stream"] = turns_pass(args.backend, planned, profile, args.turns, True, alone)
+        result["turns_stream"] = turns_pass(args.backend, planned, profile, args.turns, alone)
     if shallow:
         result["stream_compared"] = {
             "ahead": args.compare_ahead,
