@@ -11,8 +11,9 @@ Two ways of calling each implementation: eager (launched from Python every call,
 CUDA graph and replayed (as engines run a decoding step: inputs already in the graph's
 static buffers, no host launch work). The graph column is the pipeline's device time.
 
-``triton`` is the path ``verify`` picks by default (``path="auto"``: on CUDA the fused path
-up to ``FUSED_MAX_LOGITS_CUDA`` requests x V, ``takes_fused_path``); ``triton-fused`` and
+``triton`` is the path ``verify`` picks by default (``path="auto"``, ``takes_fused_path``: on
+CUDA the fused path up to ``FUSED_MAX_LOGITS_CUDA`` requests x V, and eager also up to
+``FUSED_MAX_TARGET_LOGITS_EAGER`` target logits); ``triton-fused`` and
 ``triton-staged`` force one path at every batch size, for comparison.
 """
 
@@ -167,7 +168,12 @@ def main() -> int:
                     "K": k,
                     "V": v,
                     "bytes": nbytes,
-                    "triton_path": "fused" if takes_fused_path("auto", b, cuda=True, vocab=v) else "staged",
+                    **{
+                        f"triton_{mode}_path": "fused"
+                        if takes_fused_path("auto", b, cuda=True, vocab=v, target_rows=b * (k + 1), capturing=graph)
+                        else "staged"
+                        for mode, graph in (("eager", False), ("graph", True))
+                    },
                 }
                 for name in names:
                     try:
@@ -184,7 +190,7 @@ def main() -> int:
                     f"{n}: {row[n]['ms']:.3f} ms ({row[n]['of_copy']:.0%} of copy)" if "ms" in row[n] else f"{n}: {row[n]['error']}"
                     for n in names
                 )
-                print(f"B={b:5d} K={k} V={v:6d} ({row['triton_path']})  {cells}", flush=True)
+                print(f"B={b:5d} K={k} V={v:6d} ({row['triton_eager_path']}, graph {row['triton_graph_path']})  {cells}", flush=True)
                 del x
                 torch.cuda.empty_cache()
     if args.json:

@@ -413,9 +413,15 @@ def test_path_dispatch():
     assert ts.takes_fused_path("auto", 10, fused_max_requests=10) and not ts.takes_fused_path("auto", 11, fused_max_requests=10)
     assert ts.takes_fused_path("fused", 10**6) and not ts.takes_fused_path("staged", 1)
     assert not ts.takes_fused_path("fused", 1, fault=3) and not ts.takes_fused_path("auto", 1, fault=3)
-    # CUDA: its own measured threshold, in logits per row position (256 requests at V = 32000, 62 at 131072)
-    assert ts.takes_fused_path("auto", 256, cuda=True, vocab=32000) and not ts.takes_fused_path("auto", 257, cuda=True, vocab=32000)
-    assert ts.takes_fused_path("auto", 62, cuda=True, vocab=131072) and not ts.takes_fused_path("auto", 63, cuda=True, vocab=131072)
+    # CUDA, captured in a graph: logits per row position (256 requests at V = 32000, 62 at 131072)
+    for b, v in ((256, 32000), (62, 131072)):
+        graph = {"cuda": True, "vocab": v, "target_rows": (b + 1) * 5, "capturing": True}
+        assert ts.takes_fused_path("auto", b, **graph) and not ts.takes_fused_path("auto", b + 1, **graph)
+    # CUDA, eager: also up to 96 Mi target logits, whatever the requests
+    eager = {"cuda": True, "vocab": 131072, "capturing": False}
+    assert ts.takes_fused_path("auto", 64, target_rows=64 * 9, **eager)
+    assert ts.takes_fused_path("auto", 768, target_rows=768, **eager) and not ts.takes_fused_path("auto", 769, target_rows=769, **eager)
+    assert not ts.takes_fused_path("auto", 256, target_rows=256 * 5, **eager)
     with pytest.raises(ValueError, match="path"):
         ts.TritonBackend(path="fast")
 

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.backends.triton_launch import cdiv, launch, next_power_of_2
 from harness.backends.triton_sampler import (
     _ACCEPT,
     _BLOCK,
@@ -502,15 +503,16 @@ def verify_fused(
     d_off = 4 * t_size
     d_size = n_d * d_nsplit if has_draft else 0
     m_off = d_off + 4 * d_size
-    n_tiles = triton.cdiv(vocab, t_block_v)
+    n_tiles = cdiv(vocab, t_block_v)
     m_size = b * (k + 1) * n_tiles
     c_off = m_off + 2 * m_size
     scratch = torch.empty(c_off + b * (k + 4), dtype=torch.float64, device=dev)
     temperature = temperature.to(torch.float64)
     # CUDA: the staged path's tiles (one (request, step) per program for V >= 2048). The
     # interpreter pays per element of a tile, valid or not: no more lanes than needed.
-    lanes = block_r if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b * (k + 1)))
-    _fused_stats_kernel[(triton.cdiv(b * (k + 1), lanes), t_nsplit + (d_nsplit if has_draft else 0))](
+    lanes = block_r if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b * (k + 1)))
+    launch(
+        _fused_stats_kernel, (cdiv(b * (k + 1), lanes), t_nsplit + (d_nsplit if has_draft else 0)),
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, k, b,
         scratch, t_size, d_off, d_size, t_split_len, d_split_len, has_draft, t_nsplit, d_nsplit, lanes, t_block_v, d_block_v,
         num_warps=4,
@@ -523,10 +525,10 @@ def verify_fused(
     )  # fmt: skip
     # CUDA: one request per program for V >= 2048; at tiny vocabularies at most as many as the
     # staged chain kernel holds (Triton 3.6 took 6 min to compile [1024 lanes, 16 steps] tiles).
-    lanes = min(block_r, _CUDA_REQUESTS) if cuda else min(_CPU_TILE // t_block_v, triton.next_power_of_2(b))
+    lanes = min(block_r, _CUDA_REQUESTS) if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b))
     # Steps padded to a power of two, at least 2 (a masked step costs nothing): Triton 3.6
     # failed on a [lanes, 1] step tile before the step indices were int64.
-    kp = max(2, triton.next_power_of_2(k + 1))
+    kp = max(2, next_power_of_2(k + 1))
     # Every lane's tile masses in one load (128 per lane at most on CUDA: V <= 262,144 at one lane).
     flags = (
         has_draft,
@@ -540,8 +542,8 @@ def verify_fused(
         lanes,
         t_block_v,
     )
-    _fused_mass_kernel[(triton.cdiv(b, lanes), t_nsplit)](*args, *flags, num_warps=4)
-    _fused_pick_kernel[(triton.cdiv(b, lanes),)](*args, tokens, emitted, *flags, num_warps=4)
+    launch(_fused_mass_kernel, (cdiv(b, lanes), t_nsplit), *args, *flags, num_warps=4)
+    launch(_fused_pick_kernel, (cdiv(b, lanes),), *args, tokens, emitted, *flags, num_warps=4)
     return tokens, emitted
 
 

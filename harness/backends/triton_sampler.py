@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from harness.backends import rows
+from harness.backends.triton_launch import cdiv, launch, next_power_of_2
 from harness.protocol import method_codes
 from harness.triton_faults import TRITON_FAULTS
 from reference.methods import Method
@@ -727,11 +728,11 @@ def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | Non
     split (a program's run of tiles in the row statistics and the draw masses) per 8192 ids up to 16. The interpreter pays per
     operation, so CPU tiles are large and unsplit. ``block_v`` / ``splits`` override (tests)."""
     budget = 2048 if cuda else 1 << 18  # elements per tile
-    block_v = block_v or min(triton.next_power_of_2(vocab), 2048 if cuda else 1 << 16)
+    block_v = block_v or min(next_power_of_2(vocab), 2048 if cuda else 1 << 16)
     block_r = max(1, budget // block_v)
     nsplit = splits or (max(1, min(16, vocab // 8192)) if cuda else 1)
-    split_len = triton.cdiv(triton.cdiv(vocab, nsplit), block_v) * block_v
-    return block_v, block_r, triton.cdiv(vocab, split_len), split_len
+    split_len = cdiv(cdiv(vocab, nsplit), block_v) * block_v
+    return block_v, block_r, cdiv(vocab, split_len), split_len
 
 
 def _tile_masses_width(n_tiles: int, lanes: int, cuda: bool) -> int:
@@ -740,7 +741,7 @@ def _tile_masses_width(n_tiles: int, lanes: int, cuda: bool) -> int:
     threads (an assertion in ScanOpToLLVM at [2, 2]); at one lane that is all 128 tiles of V
     = 262,144, so larger vocabularies need no compile of their own."""
     floor = max(4, 128 // lanes) if cuda else 2
-    return max(floor, triton.next_power_of_2(n_tiles))
+    return max(floor, next_power_of_2(n_tiles))
 
 
 def _mass_chunk(lanes: int, n_tiles: int, cuda: bool) -> int:
@@ -749,7 +750,7 @@ def _mass_chunk(lanes: int, n_tiles: int, cuda: bool) -> int:
     V = 262,144 at one lane), in the interpreter just the tiles there are."""
     if cuda:
         return min(128, max(1, 1024 // lanes))
-    return min(triton.next_power_of_2(n_tiles), max(1, (1 << 16) // lanes))
+    return min(next_power_of_2(n_tiles), max(1, (1 << 16) // lanes))
 
 
 class _Stats:
@@ -765,22 +766,24 @@ class _Stats:
         if rows == 0:
             return
         block_v, block_r, nsplit, split_len = _tiles(width, cuda, *tiles)
-        grid = (triton.cdiv(rows, block_r), nsplit)
+        grid = (cdiv(rows, block_r), nsplit)
         warps = 4
         if nsplit == 1:
             outs = (self.m, self.logs, self.arg, self.bad)
         else:
             outs = tuple(torch.empty(rows * nsplit, dtype=d, device=dev) for d in (torch.float32, torch.float32, torch.int32, torch.int32))
-        _stats_kernel[grid](
+        launch(
+            _stats_kernel, grid,
             logits, logits.stride(0), width, rows, row_req, temperature, *outs, split_len, nsplit, block_r, block_v,
             _planted(_stats_kernel, fault),
             num_warps=warps,
         )  # fmt: skip
         if nsplit > 1:
             rb = 32 if cuda else 4096
-            _combine_kernel[(triton.cdiv(rows, rb),)](
-                rows, row_req, temperature, *outs, self.m, self.logs, self.arg, self.bad, nsplit, rb, _planted(_combine_kernel, fault)
-            )
+            launch(
+                _combine_kernel, (cdiv(rows, rb),),
+                rows, row_req, temperature, *outs, self.m, self.logs, self.arg, self.bad, nsplit, rb, _planted(_combine_kernel, fault),
+            )  # fmt: skip
 
 
 class _Context:
@@ -796,7 +799,7 @@ class _Context:
         )  # fmt: skip
         self.temperature, self.seeds, self.positions, self.drafts = temperature, seeds, positions, drafts
         self.block_v, self.block_r, self.nsplit, self.split_len = _tiles(self.vocab, cuda, *tiles)
-        self.n_tiles = triton.cdiv(self.vocab, self.block_v)
+        self.n_tiles = cdiv(self.vocab, self.block_v)
         self.warps = 4
         self.dev = target_logits.device
         self.fault = fault
@@ -806,7 +809,8 @@ class _Context:
         n = job_trow.numel()
         mass_w = torch.empty(n * self.n_tiles, dtype=torch.float64, device=self.dev)
         mass_t = torch.empty_like(mass_w)
-        _mass_kernel[(triton.cdiv(n, self.block_r), self.nsplit)](
+        launch(
+            _mass_kernel, (cdiv(n, self.block_r), self.nsplit),
             *self.common, job_trow, job_req, job_rho, n, self.temperature, self.drafts, mass_w, mass_t, self.split_len,
             self.n_tiles, self.has_draft, self.block_r, self.block_v, _planted(_mass_kernel, self.fault), num_warps=self.warps,
         )  # fmt: skip
@@ -817,9 +821,10 @@ class _Context:
         last slot of ``out`` [B, k+1] when ``emitted`` is given."""
         mass_w, mass_t = self.masses(job_trow, job_req, job_rho)
         n = job_trow.numel()
-        rows = min(self.block_r, max(1, (1 << 18) // triton.next_power_of_2(self.n_tiles)))  # tiny CPU tiles: [rows, NT] fits
+        rows = min(self.block_r, max(1, (1 << 18) // next_power_of_2(self.n_tiles)))  # tiny CPU tiles: [rows, NT] fits
         nt = _tile_masses_width(self.n_tiles, rows, self.dev.type == "cuda")
-        _pick_kernel[(triton.cdiv(n, rows),)](
+        launch(
+            _pick_kernel, (cdiv(n, rows),),
             *self.common, job_trow, job_req, job_rho, n, self.temperature, self.seeds, self.positions, self.drafts,
             mass_w, mass_t, mass_w if u is None else u, out, out if emitted is None else emitted, k, self.n_tiles,
             stream, emitted is not None, u is not None, self.has_draft, nt, rows, self.block_v,
@@ -831,27 +836,40 @@ class _Context:
 # ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3 launches, 3
 # allocations, no host sync) for small batches and the staged pipeline (~10 launches, a dozen
 # allocations) above. Interpreter (CPU): up to 256 requests, where the fused path's fewer
-# programs pay. CUDA: up to 8,192,000 logits per row position (requests x V: 256 requests at
-# V = 32000, 62 at V = 131072), measured on an H100 (benchmarks/RESULTS.md, session 5): the
-# fused path is faster eager at every B <= 256 and under CUDA graphs at V = 32000 up to
-# B = 256, but up to 20-40% slower under graphs from B = 64 at V >= 131072.
+# programs pay. CUDA, measured on an H100 (benchmarks/RESULTS.md, issue 3):
+# * captured in a CUDA graph (device time only; session 5): up to 8,192,000 logits per row
+#   position (requests x V: 256 requests at V = 32000, 62 at V = 131072); the fused path is
+#   up to 20-40% slower under graphs from B = 64 at V >= 131072;
+# * eager (session 13): also up to 96 Mi target logits (target rows x V), where the staged
+#   path's eight launches cost more host time (0.27-0.44 ms a call) than the fused path
+#   loses on the device: 0.09-0.30 ms against 0.27-0.47 ms at B = 64, V >= 131072.
 FUSED_MAX_REQUESTS = 256
 FUSED_MAX_LOGITS_CUDA = 256 * 32000
+FUSED_MAX_TARGET_LOGITS_EAGER = 96 * 2**20
 PATHS = ("auto", "fused", "staged")
 
 
 def takes_fused_path(
-    path: str, num_requests: int, fused_max_requests: int | None = None, fault: int = 0, cuda: bool = False, vocab: int = 1
-) -> bool:
+    path: str, num_requests: int, fused_max_requests: int | None = None, fault: int = 0, cuda: bool = False, vocab: int = 1,
+    target_rows: int = 0, capturing: bool | None = None,
+) -> bool:  # fmt: skip
     """Whether ``verify`` runs a batch of ``num_requests`` on the fused path: "auto" takes
     it up to ``fused_max_requests`` requests (default: ``FUSED_MAX_REQUESTS``, or on CUDA
-    as many as keep ``num_requests * vocab`` within ``FUSED_MAX_LOGITS_CUDA``). Planted
-    faults (``fault != 0``) always take the staged path: they are planted in its kernels."""
+    as many as keep ``num_requests * vocab`` within ``FUSED_MAX_LOGITS_CUDA``, and while
+    not ``capturing`` a CUDA graph (default: the current stream's state) also while
+    ``target_rows * vocab`` is within ``FUSED_MAX_TARGET_LOGITS_EAGER``). Planted faults
+    (``fault != 0``) always take the staged path: they are planted in its kernels."""
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
-    if fused_max_requests is None:
-        fused_max_requests = FUSED_MAX_LOGITS_CUDA // max(vocab, 1) if cuda else FUSED_MAX_REQUESTS
-    return fault == 0 and (path == "fused" or (path == "auto" and num_requests <= fused_max_requests))
+    if fault != 0 or path != "auto":
+        return fault == 0 and path == "fused"
+    if fused_max_requests is not None or not cuda:
+        return num_requests <= (FUSED_MAX_REQUESTS if fused_max_requests is None else fused_max_requests)
+    if num_requests * vocab <= FUSED_MAX_LOGITS_CUDA:
+        return True
+    if capturing is None:
+        capturing = torch.cuda.is_current_stream_capturing()
+    return not capturing and target_rows * vocab <= FUSED_MAX_TARGET_LOGITS_EAGER
 
 
 def verify(
@@ -869,7 +887,8 @@ def verify(
     Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)``; slots past ``num_emitted``
     hold -1.
     """
-    if takes_fused_path(path, cu_num_drafts.numel() - 1, fused_max_requests, fault, target_logits.is_cuda, target_logits.shape[1]):
+    n_target, vocab = target_logits.shape
+    if takes_fused_path(path, cu_num_drafts.numel() - 1, fused_max_requests, fault, target_logits.is_cuda, vocab, n_target):
         from harness.backends.triton_fused import verify_fused  # imports this module's helpers
 
         return verify_fused(
@@ -884,7 +903,6 @@ def verify(
     emitted = torch.zeros(b, dtype=torch.int64, device=dev)
     if b == 0:
         return tokens, emitted
-    n_target = target_logits.shape[0]
     if fault == _IGNORE_DRAFT_PROBS:
         draft_logits = None
     if fault == _BLOCK_TOKEN_WISE.value:
@@ -895,8 +913,8 @@ def verify(
     t_req = torch.empty(n_target, dtype=torch.int64, device=dev)
     d_req = torch.empty(draft_tokens.numel(), dtype=torch.int64, device=dev)
     req_block = 64 if cuda else 4096
-    grid_req = (triton.cdiv(b, req_block),)
-    _owners_kernel[grid_req](cu_num_drafts, t_req, d_req, k, b, req_block)
+    grid_req = (cdiv(b, req_block),)
+    launch(_owners_kernel, grid_req, cu_num_drafts, t_req, d_req, k, b, req_block)
     if fault == _TEMPERATURE_TWICE:  # the caller's division; the kernels divide once more
         target_logits = (target_logits / torch.where(temperature > 0, temperature, 1.0)[t_req, None]).to(target_logits.dtype)
     t_stats = _Stats(target_logits, t_req, temperature, cuda, (block_v, splits), fault)
@@ -922,7 +940,8 @@ def verify(
     rho_buf = torch.ones((b, k + 1), dtype=torch.float32, device=dev) if has_block else fin_rho
     mass_trow = torch.full((n_target,), -1, dtype=torch.int64, device=dev) if has_block else fin_trow
     mass_rho = torch.zeros(n_target, dtype=torch.float32, device=dev) if has_block else fin_rho
-    _chain_kernel[grid_req](
+    launch(
+        _chain_kernel, grid_req,
         target_logits, target_logits.stride(0), ctx.vocab, d_logits, d_logits.stride(0), d_logits.shape[1],
         t_stats.m, t_stats.logs, t_stats.arg, t_stats.bad, d_stats.m, d_stats.logs, d_stats.arg, d_stats.bad,
         cu_num_drafts, temperature, seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
@@ -931,7 +950,8 @@ def verify(
     )  # fmt: skip
     if has_block:
         mass, _ = ctx.masses(mass_trow, t_req, mass_rho)
-        _block_kernel[grid_req](
+        launch(
+            _block_kernel, grid_req,
             d_logits, d_logits.stride(0), d_logits.shape[1], t_stats.arg, t_stats.bad, d_stats.m, d_stats.logs, d_stats.arg, d_stats.bad,
             cu_num_drafts, temperature, seeds, positions, methods, draft_tokens, k, b,
             mass, ctx.n_tiles, rho_buf, tokens, emitted, fin_trow, fin_rho, has_draft, _mass_chunk(req_block, ctx.n_tiles, cuda),
@@ -992,6 +1012,7 @@ class TritonBackend:
             fault=self.tiles.get("fault", 0),
             cuda=self.device == "cuda",
             vocab=batch.vocab_size,
+            target_rows=len(batch.target_logits),
         )
         # Reading a CUDA batch's methods synchronizes: worth it for the staged path only.
         if batch.method_codes is not None or not (fused and getattr(batch.methods, "is_cuda", False)):
