@@ -7,7 +7,8 @@ of 200 back-to-back calls:
 
 * ``normal``: every kernel launched through Triton's ``JITFunction.run``;
 * ``direct``: through ``harness.backends.triton_launch`` (the default on Triton 3.6);
-* ``nolaunch``: no kernel launched at all: the call's own Python and allocations;
+* ``nolaunch``: no Triton kernel launched: the call's own Python and allocations (and
+  torch's fills, which still launch);
 
 and ``mrv2``: vLLM MRV2 ``rejection_sample`` on the same inputs (``bench_kernels.mrv2_call``).
 """

@@ -40,8 +40,12 @@ def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
 
 def _arguments():
     base = torch.empty(64, dtype=torch.float32)
-    tensors = [base, base[1:], base[4:], base.to(torch.bfloat16), base.to(torch.bfloat16)[1:], base.to(torch.int64)]
-    ints = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2**31 - 1, 2**31, 2**31 + 16, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63, 2**64 - 16]
+    tensors = [base, base[1:], base[2:], base[4:], base.to(torch.bfloat16), base.to(torch.bfloat16)[1:], base.to(torch.int64)]
+    tensors += [
+        torch.nn.Parameter(base[1:].clone()[1:], requires_grad=False),
+        torch.nn.Parameter(base.to(torch.int32), requires_grad=False),
+    ]
+    ints = [0, 1, 2, 8, 15, 16, 17, 24, 32, -8, -1, -16, 2**31 - 1, 2**31, 2**31 + 16, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63, 2**64 - 16]
     return tensors + ints + [0.5, 1.0, True, False, None]
 
 
@@ -56,6 +60,15 @@ def test_the_launch_key_tells_apart_what_triton_specializes_on():
                 ta = native_specialize_impl(BaseBackend, a, False, specialize, align)
                 tb = native_specialize_impl(BaseBackend, b, False, specialize, align)
                 assert ta == tb, f"{a!r} and {b!r} share a key but Triton gives {ta} and {tb} ({specialize=}, {align=})"
+
+
+def test_arguments_the_key_does_not_know_go_through_triton():
+    """An int subclass (Triton specializes an IntEnum by value), a tuple: no key, no cache."""
+    from reference.rng import Stream
+
+    assert tlaunch.launch_key((False,), (Stream.ACCEPT,)) is None
+    assert tlaunch.launch_key((False, False), (1, (1, 2))) is None
+    assert tlaunch.launch_key((False,), (None,)) is not None
 
 
 def test_a_constexpr_is_keyed_by_its_value():

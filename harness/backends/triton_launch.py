@@ -1,17 +1,18 @@
 """Launch a compiled Triton kernel without ``JITFunction.run``'s per-call work.
 
 ``kernel[grid](*args)`` binds and specializes every argument, hashes the cache key, checks
-the kernel's global values and builds launch metadata on every call: 19-29 us of host time
-per launch of the sampler's kernels on an H100 host (Triton 3.6; benchmarks/RESULTS.md,
-issue 3, session 13), against about 6 us for the compiled kernel's own launcher. The staged
+the kernel's global values and builds launch metadata on every call: 24-65 us of host time
+per launch of the sampler's kernels on H100 hosts (Triton 3.6; benchmarks/RESULTS.md,
+issue 3, session 13), against 21-42 us through this module (key and launcher). The staged
 sampler launches 8-10 kernels per batch, so eager calls were host-bound.
 
 ``launch(fn, grid, *args, **options)`` sends the first call of each specialization through
 Triton and keeps the compiled kernel it returns; later calls with the same key call that
 kernel's launcher directly. The key follows Triton's specialization rules (the binder of
 ``JITFunction``): constexpr values; each tensor's dtype and 16-byte alignment; each int's
-value class (== 1, multiple of 16, 32- or 64-bit); the types of other arguments; the launch
-options and the device. A key finer than Triton's only costs an extra entry; one coarser
+value class (== 1, multiple of 16, 32- or 64-bit); the types of floats, bools and None; the
+launch options and the device. Any other argument (an int subclass such as an IntEnum, a
+tuple, a descriptor) and a callable grid go through Triton on every call. A key finer than Triton's only costs an extra entry; one coarser
 would launch a kernel compiled for other arguments, so ``SPECDEC_TRITON_CHECK_LAUNCH=1``
 asks Triton for its kernel on every cached launch and raises if it is not the cached one
 (the GPU tests set it).
@@ -49,6 +50,7 @@ def _hooks_installed() -> bool:
 
 
 _Tensor = torch.Tensor
+_PLAIN = (int, float, bool, type(None))  # exact types the key knows; others go through Triton
 
 
 def launch_key(constexprs: tuple, args: tuple) -> tuple:
@@ -56,19 +58,22 @@ def launch_key(constexprs: tuple, args: tuple) -> tuple:
     whether it is a constexpr): a constexpr's value; a tensor's dtype and 16-byte alignment;
     an int's == 1, multiple-of-16 and 32-bit classes; else the type. Finer than Triton where
     a parameter is not specialized (``do_not_specialize``): an extra entry, never a wrong
-    kernel. One expression, as this runs on every launch."""
-    return tuple(
+    kernel. None where an argument is of another type. One expression: this runs on every launch."""
+    key = tuple(
         [
             (a.dtype, not a.data_ptr() & 15)
-            if type(a) is _Tensor
+            if isinstance(a, _Tensor)
             else a
             if constexpr
             else (a == 1, not a & 15, -(2**31) <= a < 2**31, -(2**63) <= a < 2**63)
             if type(a) is int
             else type(a)
+            if type(a) in _PLAIN
+            else None
             for constexpr, a in zip(constexprs, args)
         ]
     )
+    return None if None in key else key
 
 
 class _Kernel:
@@ -82,8 +87,12 @@ class _Kernel:
     def __call__(self, grid, args, options):
         if len(args) != len(self.constexprs):  # defaults and keywords would reorder the launcher's arguments
             raise TypeError(f"{self.fn.__name__}: launch passes every parameter by position ({len(self.constexprs)}), got {len(args)}")
+        args_key = None if callable(grid) else launch_key(self.constexprs, args)
+        if args_key is None:
+            self.fn[grid](*args, **options)
+            return
         device = torch.cuda.current_device()
-        key = launch_key(self.constexprs, args), tuple(options.items()), device
+        key = args_key, tuple(options.items()), device
         kernel = self.compiled.get(key)
         if kernel is None:
             self.compiled[key] = self.fn[grid](*args, **options)

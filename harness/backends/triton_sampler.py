@@ -841,8 +841,9 @@ class _Context:
 #   position (requests x V: 256 requests at V = 32000, 62 at V = 131072); the fused path is
 #   up to 20-40% slower under graphs from B = 64 at V >= 131072;
 # * eager (session 13): also up to 96 Mi target logits (target rows x V), where the staged
-#   path's eight launches cost more host time (0.27-0.44 ms a call) than the fused path
-#   loses on the device: 0.09-0.30 ms against 0.27-0.47 ms at B = 64, V >= 131072.
+#   path's eight launches cost more host time (0.28-0.55 ms a call, host_launch_h100_session13.json)
+#   than the fused path loses on the device (bench_kernels_h100_session13.json: fused eager
+#   0.09-0.30 ms at B = 64, V >= 131072, against staged graph times of 0.09-0.26 ms).
 FUSED_MAX_REQUESTS = 256
 FUSED_MAX_LOGITS_CUDA = 256 * 32000
 FUSED_MAX_TARGET_LOGITS_EAGER = 96 * 2**20
@@ -851,7 +852,7 @@ PATHS = ("auto", "fused", "staged")
 
 def takes_fused_path(
     path: str, num_requests: int, fused_max_requests: int | None = None, fault: int = 0, cuda: bool = False, vocab: int = 1,
-    target_rows: int = 0, capturing: bool | None = None,
+    target_rows: int | None = None, capturing: bool | None = None,
 ) -> bool:  # fmt: skip
     """Whether ``verify`` runs a batch of ``num_requests`` on the fused path: "auto" takes
     it up to ``fused_max_requests`` requests (default: ``FUSED_MAX_REQUESTS``, or on CUDA
@@ -867,6 +868,8 @@ def takes_fused_path(
         return num_requests <= (FUSED_MAX_REQUESTS if fused_max_requests is None else fused_max_requests)
     if num_requests * vocab <= FUSED_MAX_LOGITS_CUDA:
         return True
+    if target_rows is None:  # unknown: the captured rule
+        return False
     if capturing is None:
         capturing = torch.cuda.is_current_stream_capturing()
     return not capturing and target_rows * vocab <= FUSED_MAX_TARGET_LOGITS_EAGER
