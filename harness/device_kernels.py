@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.backends.triton_launch import cdiv
 from reference.rng import Stream
 
 BLOCK = 256
@@ -107,7 +108,7 @@ def build_trials(state0: int, total: int, fields: dict, random_positions: bool) 
     buffers = {name: _buffer(size, torch.int64, dev) for name, size in sizes.items()}
     if n:
         cdf = f["cdf"]
-        _trials_kernel[(triton.cdiv(n, BLOCK),)](
+        _trials_kernel[(cdiv(n, BLOCK),)](
             state0, n, t_count, k, f["R"], f["D"], cdf.shape[1], cdf.shape[1].bit_length(), f["position_range"],
             f["counts"], f["row_offsets"], f["draft_offsets"], f["fixed"], cdf, f["cdf_rows"], f["cdf_last"],
             buffers["seeds"], buffers["drafts"], buffers["positions"], buffers["draft_tokens"],
@@ -189,7 +190,7 @@ def tally(tokens, emitted, drafts, vocab: int, offsets, cells: int, copies: int 
     out[cells + t_count :] = n
     lanes = n * t_count
     if lanes:
-        programs = triton.cdiv(lanes, BLOCK)
+        programs = cdiv(lanes, BLOCK)
         if copies is None:
             copies = min(MAX_COPIES, programs) if cells <= FEW_CELLS else 1
         work = out if copies == 1 else torch.zeros(copies * cells, dtype=torch.int64, device=tokens.device)
@@ -222,7 +223,7 @@ def repeat_rows(block: torch.Tensor, count: int) -> torch.Tensor:
     # Three tile widths, so few compiles: a small vocabulary's few rows fill most lanes.
     tile = 256 if period <= 256 else 1024 if period <= 1024 else 4096
     copies = 16384 // tile  # 64 KB of fp32 stored per program
-    grid = (triton.cdiv(count, copies), triton.cdiv(period, tile))
+    grid = (cdiv(count, copies), cdiv(period, tile))
     if grid[0] >= 2**31 or grid[1] >= 2**16:  # past CUDA's grid limits: a block of over 268 million logits
         return block.repeat(count, 1)
     out = torch.empty(count * rows, width, dtype=block.dtype, device=block.device)

@@ -12,10 +12,10 @@ kernel's launcher directly. The key follows Triton's specialization rules (the b
 ``JITFunction``): constexpr values; each tensor's dtype and 16-byte alignment; each int's
 value class (== 1, multiple of 16, 32- or 64-bit); the types of floats, bools and None; the
 launch options and the device. Any other argument (an int subclass such as an IntEnum, a
-tuple, a descriptor) and a callable grid go through Triton on every call. A key finer than Triton's only costs an extra entry; one coarser
-would launch a kernel compiled for other arguments, so ``SPECDEC_TRITON_CHECK_LAUNCH=1``
-asks Triton for its kernel on every cached launch and raises if it is not the cached one
-(the GPU tests set it).
+tuple, a descriptor) and a callable grid go through Triton on every call. A key finer than
+Triton's only costs an extra entry; one coarser would launch a kernel compiled for other
+arguments, so ``SPECDEC_TRITON_CHECK_LAUNCH=1`` asks Triton for its kernel on every cached
+launch and raises if it is not the cached one (the test suite sets it).
 
 The direct call uses Triton internals (``CompiledKernel.run``'s argument order), so it is
 taken only on Triton versions where it was verified (``DIRECT_TRITON_VERSIONS``), never under
@@ -56,9 +56,10 @@ _PLAIN = (int, float, bool, type(None))  # exact types the key knows; others go 
 def launch_key(constexprs: tuple, args: tuple) -> tuple:
     """What Triton's specialization of ``args`` depends on (``constexprs``: per parameter,
     whether it is a constexpr): a constexpr's value; a tensor's dtype and 16-byte alignment;
-    an int's == 1, multiple-of-16 and 32-bit classes; else the type. Finer than Triton where
-    a parameter is not specialized (``do_not_specialize``): an extra entry, never a wrong
-    kernel. None where an argument is of another type. One expression: this runs on every launch."""
+    an int's == 1, multiple-of-16, 32- and 64-bit classes; the type of a float, bool or None.
+    Finer than Triton where a parameter is not specialized (``do_not_specialize``): an extra
+    entry, never a wrong kernel. None where an argument is of any other type. One
+    expression: this runs on every launch."""
     key = tuple(
         [
             (a.dtype, not a.data_ptr() & 15)
