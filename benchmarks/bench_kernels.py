@@ -12,8 +12,7 @@ CUDA graph and replayed (as engines run a decoding step: inputs already in the g
 static buffers, no host launch work). The graph column is the pipeline's device time.
 
 ``triton`` is the path ``verify`` picks by default (``path="auto"``, ``takes_fused_path``: on
-CUDA the fused path up to ``FUSED_MAX_LOGITS_CUDA`` requests x V, and eager also up to
-``FUSED_MAX_TARGET_LOGITS_EAGER`` target logits); ``triton-fused`` and
+CUDA the fused path up to ``FUSED_MAX_LOGITS_CUDA`` requests x V); ``triton-fused`` and
 ``triton-staged`` force one path at every batch size, for comparison.
 """
 
@@ -168,12 +167,7 @@ def main() -> int:
                     "K": k,
                     "V": v,
                     "bytes": nbytes,
-                    **{
-                        f"triton_{mode}_path": "fused"
-                        if takes_fused_path("auto", b, cuda=True, vocab=v, target_rows=b * (k + 1), capturing=graph)
-                        else "staged"
-                        for mode, graph in (("eager", False), ("graph", True))
-                    },
+                    "triton_path": "fused" if takes_fused_path("auto", b, cuda=True, vocab=v) else "staged",
                 }
                 for name in names:
                     try:
@@ -181,8 +175,6 @@ def main() -> int:
                         graph = base.endswith("-graph")
                         base = base.removesuffix("-graph")
                         make = makers[base]
-                        if graph and base == "triton":  # warm up on the path the capture takes
-                            make = functools.partial(triton_call, path=row["triton_graph_path"])
                         call = make(x, b, k, v, tiles=tiles) if tiles else make(x, b, k, v)
                         ms = do_bench(graphed(call) if graph else call, warmup=25, rep=200)
                         row[name] = {"ms": ms, "TBps": nbytes / (ms * 1e-3) / 1e12, "of_copy": nbytes / (ms * 1e-3) / bandwidth}
@@ -193,7 +185,7 @@ def main() -> int:
                     f"{n}: {row[n]['ms']:.3f} ms ({row[n]['of_copy']:.0%} of copy)" if "ms" in row[n] else f"{n}: {row[n]['error']}"
                     for n in names
                 )
-                print(f"B={b:5d} K={k} V={v:6d} ({row['triton_eager_path']}, graph {row['triton_graph_path']})  {cells}", flush=True)
+                print(f"B={b:5d} K={k} V={v:6d} ({row['triton_path']})  {cells}", flush=True)
                 del x
                 torch.cuda.empty_cache()
     if args.json:

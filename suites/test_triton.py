@@ -398,9 +398,12 @@ def _any_requests(rng, vocab, n, draft_vocab, max_drafts):
     ],
     ids=["V300", "V1025-draft700-split3", "V33-no-draft-split2", "V7-draft5-split3", "V2"],
 )
-def test_fused_equals_staged(vocab, draft_vocab, with_draft, tiles):
+@pytest.mark.parametrize("chain_blocks", [10**9, 1], ids=["chain-in-mass", "chain-kernel"])
+def test_fused_equals_staged(vocab, draft_vocab, with_draft, tiles, chain_blocks, monkeypatch):
     """The fused path's outputs are the staged path's, token for token, on mixed batches
-    (the same tiles, reductions and counter-based uniforms drive the same decisions)."""
+    (the same tiles, reductions and counter-based uniforms drive the same decisions), with
+    the chain decided in the mass kernel's programs or by a kernel of its own."""
+    monkeypatch.setattr(tf, "_CHAIN_KERNEL_BLOCKS", chain_blocks)
     for seed in range(3):
         rng = np.random.default_rng([vocab, seed])
         batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
@@ -413,15 +416,9 @@ def test_path_dispatch():
     assert ts.takes_fused_path("auto", 10, fused_max_requests=10) and not ts.takes_fused_path("auto", 11, fused_max_requests=10)
     assert ts.takes_fused_path("fused", 10**6) and not ts.takes_fused_path("staged", 1)
     assert not ts.takes_fused_path("fused", 1, fault=3) and not ts.takes_fused_path("auto", 1, fault=3)
-    # CUDA, captured in a graph: logits per row position (256 requests at V = 32000, 62 at 131072)
-    for b, v in ((256, 32000), (62, 131072)):
-        graph = {"cuda": True, "vocab": v, "target_rows": (b + 1) * 5, "capturing": True}
-        assert ts.takes_fused_path("auto", b, **graph) and not ts.takes_fused_path("auto", b + 1, **graph)
-    # CUDA, eager: also up to 96 Mi target logits, whatever the requests
-    eager = {"cuda": True, "vocab": 131072, "capturing": False}
-    assert ts.takes_fused_path("auto", 64, target_rows=64 * 9, **eager)
-    assert ts.takes_fused_path("auto", 768, target_rows=768, **eager) and not ts.takes_fused_path("auto", 769, target_rows=769, **eager)
-    assert not ts.takes_fused_path("auto", 256, target_rows=256 * 5, **eager)
+    # CUDA: logits per row position (2,097 requests at V = 32000, 512 at 131072, 256 at 262,144)
+    for b, v in ((2097, 32000), (512, 131072), (256, 262144)):
+        assert ts.takes_fused_path("auto", b, cuda=True, vocab=v) and not ts.takes_fused_path("auto", b + 1, cuda=True, vocab=v)
     with pytest.raises(ValueError, match="path"):
         ts.TritonBackend(path="fast")
 

@@ -1,23 +1,26 @@
-"""The fused small-batch path of the suite's Triton sampler (``verify(..., path="fused")``).
+"""The fused path of the suite's Triton sampler (``verify(..., path="fused")``).
 
 The staged pipeline of ``harness.backends.triton_sampler`` launches up to ten kernels per
 call (row statistics and their merge for target and draft, owners, chain, strict draws,
 block masses and stop, draw masses and pick) and allocates a dozen tensors. This path does
-the same work for every method in three launches, three allocations (outputs and one float64
-scratch) and no host synchronization:
+the same work for every method in three or four launches, three allocations (outputs and
+one float64 scratch) and no host synchronization:
 
 1. ``_fused_stats_kernel``, grid ((request, step) blocks, target and draft splits): target
    row k or draft row k of request r over one split, by the staged path's own tile loop
    (``_stats_step``, ``_store_final``): final statistics when the vocabulary is one split,
    per-split partials otherwise.
-2. ``_fused_mass_kernel``, grid (request blocks, splits): merges the partials of the rows it
-   reads (in split order, as ``_combine_kernel``), decides every step of the acceptance chain
-   at once (standard, greedy, synthetic) and block verification's running ratios, then sums
-   over each tile of its split the weights of every draw its requests may need: the residual or bonus row
-   of a chain request, every row up to the first placeholder of a strict or block request.
-   Every split's program decides the chain (a few gathers per draft); the first split's
-   programs write it for step 3.
-3. ``_fused_pick_kernel``, grid (request blocks): strict requests' own target samples (stream
+2. From ``_CHAIN_KERNEL_BLOCKS`` request blocks, ``_fused_chain_kernel``, grid (request
+   blocks): merges the partials of the rows it reads (in split order, as
+   ``_combine_kernel``), decides every step of the acceptance chain at once (standard,
+   greedy, synthetic) and block verification's running ratios, and writes them.
+3. ``_fused_mass_kernel``, grid (request blocks, spans of tiles): reads the chain (or, below
+   ``_CHAIN_KERNEL_BLOCKS`` request blocks, decides it in every program, saving a launch;
+   the first span's programs write it), then sums over each tile of its span the weights
+   of every draw its requests may need: the residual or bonus row of a chain request, every
+   row up to the first placeholder of a strict or block request. At small batches the
+   tiles are spread over more programs than the statistics' splits (``_mass_split_len``).
+4. ``_fused_pick_kernel``, grid (request blocks): strict requests' own target samples (stream
    TARGET), block verification's stop, the final draw by inverse CDF inside the tile holding
    ``u * total`` (``_pick_kernel``'s algorithm), and every output slot (-1 past the emitted
    count, so the outputs need no fill).
@@ -297,34 +300,75 @@ def _fused_stats_kernel(
             )  # fmt: skip
 
 
+@triton.jit
+def _store_chain(chain, r, mask, n, rejected, n_eff, rhos, K, B, HAS_BLOCK: tl.constexpr, KP: tl.constexpr):
+    """The chain's decisions into the scratch (read back by ``_load_chain``)."""
+    tl.store(chain + r, n, mask=mask)
+    tl.store(chain + B + r, rejected.to(tl.int32), mask=mask)
+    tl.store(chain + 2 * B + r, n_eff, mask=mask)
+    if HAS_BLOCK:
+        ks = tl.arange(0, KP)[None, :]
+        tl.store(chain + 3 * B + r[:, None] * (K + 1) + ks, rhos, mask=mask[:, None] & (ks <= K))
+
+
+@triton.jit
+def _load_chain(chain, r, valid, K, B, HAS_BLOCK: tl.constexpr, KP: tl.constexpr, INT: tl.constexpr):
+    """``n``, ``rejected``, ``n_eff`` (as ``INT``) and (block verification) ``rhos`` [lanes, KP] as stored."""
+    n = tl.load(chain + r, mask=valid, other=0).to(INT)
+    rejected = tl.load(chain + B + r, mask=valid, other=0) != 0
+    n_eff = tl.load(chain + 2 * B + r, mask=valid, other=0).to(INT)
+    ks = tl.arange(0, KP)[None, :]
+    rhos = tl.zeros([n.shape[0], KP], tl.float32)
+    if HAS_BLOCK:
+        rhos = tl.load(chain + 3 * B + r[:, None] * (K + 1) + ks, mask=valid[:, None] & (ks <= K), other=0.0).to(tl.float32)
+    return n, rejected, n_eff, rhos
+
+
 @triton.jit(do_not_specialize=_COUNTS)
-def _fused_mass_kernel(
+def _fused_chain_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
     scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """The chain (written for ``_fused_pick_kernel`` by the first split's programs), then
-    every draw's weight sums over this program's split: the final row of chain requests (if
-    not a point mass), rows 0..n_eff of strict and block requests."""
-    split = tl.program_id(1)
+    """The chain alone, once per request, for ``_fused_mass_kernel(CHAINED=True)``."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
     t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
     d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
-    x, n, rejected, n_eff, rhos = _chain(
+    _, n, rejected, n_eff, rhos = _chain(
         t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan,
         positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
         HAS_DRAFT, HAS_SYNTH, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP,
     )  # fmt: skip
-    first_split = valid & (split == 0)
-    chain = scratch + c_off
-    tl.store(chain + r, n, mask=first_split)
-    tl.store(chain + B + r, rejected.to(tl.int32), mask=first_split)
-    tl.store(chain + 2 * B + r, n_eff, mask=first_split)
-    if HAS_BLOCK:
-        ks = tl.arange(0, KP)[None, :]
-        tl.store(chain + 3 * B + r[:, None] * (K + 1) + ks, rhos, mask=first_split[:, None] & (ks <= K))
+    _store_chain(scratch + c_off, r, valid, n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
+
+
+@triton.jit(do_not_specialize=_COUNTS)
+def _fused_mass_kernel(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles,
+    HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
+    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr, CHAINED: tl.constexpr,
+):  # fmt: skip
+    """The chain (``CHAINED``: read as ``_fused_chain_kernel`` wrote it; else decided here and
+    written for ``_fused_pick_kernel`` by the first split's programs), then every draw's
+    weight sums over this program's split: the final row of chain requests (if not a point
+    mass), rows 0..n_eff of strict and block requests."""
+    split = tl.program_id(1)
+    r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
+    d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
+    if CHAINED:
+        n, rejected, n_eff, rhos = _load_chain(scratch + c_off, r, valid, K, B, HAS_BLOCK, KP, tl.int64)  # as _chain's
+    else:
+        _x, n, rejected, n_eff, rhos = _chain(
+            t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan,
+            positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
+            HAS_DRAFT, HAS_SYNTH, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP,
+        )  # fmt: skip
+        _store_chain(scratch + c_off, r, valid & (split == 0), n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
     greedy = temp == 0
     scale = _inv_temperature(temp) * _LOG2E
     strict = valid & False
@@ -393,9 +437,7 @@ def _fused_pick_kernel(
     ks = tl.arange(0, KP)[None, :]
     x = tl.load(drafts + start[:, None] + ks, mask=valid[:, None] & (ks < cnt[:, None]), other=-1)
     chain = scratch + c_off
-    n = tl.load(chain + r, mask=valid, other=0).to(tl.int32)
-    rejected = tl.load(chain + B + r, mask=valid, other=0) != 0
-    n_eff = tl.load(chain + 2 * B + r, mask=valid, other=0).to(tl.int32)
+    n, rejected, n_eff, _ = _load_chain(chain, r, valid, K, B, False, KP, tl.int32)
     greedy = temp == 0
     inv_t = _inv_temperature(temp)
     scale = inv_t * _LOG2E
@@ -475,6 +517,19 @@ def _fused_pick_kernel(
 # --- host side ----------------------------------------------------------------------------------
 _CPU_TILE = 1 << 20  # elements per tile in the interpreter: Triton's largest tensor
 _CUDA_REQUESTS = 64  # most requests per program of the chain kernels on CUDA (the staged chain's)
+_MASS_PROGRAMS = 256  # most programs of the mass kernel spreading a request's tiles (measured, H100)
+_CHAIN_KERNEL_BLOCKS = 4  # from this many request blocks the chain gets a kernel of its own (measured, H100)
+
+
+def _mass_split_len(request_blocks: int, n_tiles: int, split_len: int, block_v: int) -> int:
+    """The vocabulary span of one ``_fused_mass_kernel`` program on CUDA. Each program
+    decides the chain (a few dependent loads) and then sums its tiles one after the other,
+    so at small batches its time is the chain's latency plus a tile's per tile: there the
+    tiles are spread over up to ``_MASS_PROGRAMS`` programs (one tile each at B = 1), and
+    at large batches a program keeps the statistics' split (fewer chain decisions). A
+    tile's mass does not depend on which program sums it, so neither do the outputs."""
+    tiles = min(split_len // block_v, max(1, request_blocks * n_tiles // _MASS_PROGRAMS))
+    return tiles * block_v
 
 
 def verify_fused(
@@ -482,7 +537,7 @@ def verify_fused(
     synthetic_rates, max_drafts: int, *, has_strict: bool = True, has_block: bool = True, has_synthetic: bool = True,
     block_v: int | None = None, splits: int | None = None,
 ):  # fmt: skip
-    """``triton_sampler.verify``'s contract (the same outputs) in three launches, three
+    """``triton_sampler.verify``'s contract (the same outputs) in three or four launches, three
     allocations and no host synchronization. ``has_*`` only prune code, as there."""
     dev = target_logits.device
     cuda = dev.type == "cuda"
@@ -518,14 +573,15 @@ def verify_fused(
         num_warps=4,
     )  # fmt: skip
     has_synthetic = has_synthetic and synthetic_rates is not None
-    args = (
-        target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature,
-        seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
-        scratch, t_size, d_off, d_size, m_off, m_size, c_off, t_split_len, n_tiles,
-    )  # fmt: skip
     # CUDA: one request per program for V >= 2048; at tiny vocabularies at most as many as the
     # staged chain kernel holds (Triton 3.6 took 6 min to compile [1024 lanes, 16 steps] tiles).
     lanes = min(block_r, _CUDA_REQUESTS) if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b))
+    mass_split_len = _mass_split_len(cdiv(b, lanes), n_tiles, t_split_len, t_block_v) if cuda else t_split_len
+    args = (
+        target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature,
+        seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
+        scratch, t_size, d_off, d_size, m_off, m_size, c_off, mass_split_len, n_tiles,
+    )  # fmt: skip
     # Steps padded to a power of two, at least 2 (a masked step costs nothing): Triton 3.6
     # failed on a [lanes, 1] step tile before the step indices were int64.
     kp = max(2, next_power_of_2(k + 1))
@@ -542,7 +598,13 @@ def verify_fused(
         lanes,
         t_block_v,
     )
-    launch(_fused_mass_kernel, (cdiv(b, lanes), t_nsplit), *args, *flags, num_warps=4)
+    # Each mass program decides its requests' chain (a few dependent loads; no extra launch)
+    # while the requests are few; from _CHAIN_KERNEL_BLOCKS request blocks the chain is
+    # decided once per request block by a kernel of its own (the interpreter: one block).
+    chained = cdiv(b, lanes) >= _CHAIN_KERNEL_BLOCKS
+    if chained:
+        launch(_fused_chain_kernel, (cdiv(b, lanes),), *args, *flags, num_warps=4)
+    launch(_fused_mass_kernel, (cdiv(b, lanes), cdiv(vocab, mass_split_len)), *args, *flags, chained, num_warps=4)
     launch(_fused_pick_kernel, (cdiv(b, lanes),), *args, tokens, emitted, *flags, num_warps=4)
     return tokens, emitted
 

@@ -27,8 +27,8 @@ output depends on its own inputs only, and tiles depend on the vocabulary alone.
 Conventions follow ``reference`` (block verification's running ratio stays 0 once 0:
 ``0 * inf = 0``, as ``reference.rules.block_step``).
 
-The fused path (``harness.backends.triton_fused``) gives the same outputs in three launches;
-``path`` chooses, and the default takes it for small batches (``takes_fused_path``).
+The fused path (``harness.backends.triton_fused``) gives the same outputs in three or four launches;
+``path`` chooses, and the default takes it up to a batch size per vocabulary (``takes_fused_path``).
 """
 
 import functools
@@ -833,46 +833,33 @@ class _Context:
         )  # fmt: skip
 
 
-# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3 launches, 3
+# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3-4 launches, 3
 # allocations, no host sync) for small batches and the staged pipeline (~10 launches, a dozen
 # allocations) above. Interpreter (CPU): up to 256 requests, where the fused path's fewer
-# programs pay. CUDA, measured on an H100 (benchmarks/RESULTS.md, issue 3):
-# * captured in a CUDA graph (device time only; session 5): up to 8,192,000 logits per row
-#   position (requests x V: 256 requests at V = 32000, 62 at V = 131072); the fused path is
-#   up to 20-40% slower under graphs from B = 64 at V >= 131072;
-# * eager (session 13): also up to 96 Mi target logits (target rows x V), where the staged
-#   path's eight launches cost more host time (0.28-0.55 ms a call, host_launch_h100_session13.json)
-#   than the fused path loses on the device (bench_kernels_h100_session13.json: fused eager
-#   0.09-0.30 ms at B = 64, V >= 131072, against staged graph times of 0.09-0.26 ms).
+# programs pay. CUDA: up to 2**26 logits per row position (requests x V: 2,097 requests at
+# V = 32000, 512 at 131072), where the fused path took at most the staged path's device time
+# on an H100 at every measured shape (benchmarks/RESULTS.md, issue 3, session 14: B <= 1024 at
+# V = 32000, B <= 256 at V >= 131072) and less host time; at 1024 requests and V >= 131072
+# the staged path took 0-5% less.
 FUSED_MAX_REQUESTS = 256
-FUSED_MAX_LOGITS_CUDA = 256 * 32000
-FUSED_MAX_TARGET_LOGITS_EAGER = 96 * 2**20
+FUSED_MAX_LOGITS_CUDA = 2**26
 PATHS = ("auto", "fused", "staged")
 
 
 def takes_fused_path(
-    path: str, num_requests: int, fused_max_requests: int | None = None, fault: int = 0, cuda: bool = False, vocab: int = 1,
-    target_rows: int | None = None, capturing: bool | None = None,
-) -> bool:  # fmt: skip
+    path: str, num_requests: int, fused_max_requests: int | None = None, fault: int = 0, cuda: bool = False, vocab: int = 1
+) -> bool:
     """Whether ``verify`` runs a batch of ``num_requests`` on the fused path: "auto" takes
     it up to ``fused_max_requests`` requests (default: ``FUSED_MAX_REQUESTS``, or on CUDA
-    as many as keep ``num_requests * vocab`` within ``FUSED_MAX_LOGITS_CUDA``, and while
-    not ``capturing`` a CUDA graph (default: the current stream's state) also while
-    ``target_rows * vocab`` is within ``FUSED_MAX_TARGET_LOGITS_EAGER``). Planted faults
-    (``fault != 0``) always take the staged path: they are planted in its kernels."""
+    as many as keep ``num_requests * vocab`` within ``FUSED_MAX_LOGITS_CUDA``). Planted
+    faults (``fault != 0``) always take the staged path: they are planted in its kernels."""
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
     if fault != 0 or path != "auto":
         return fault == 0 and path == "fused"
     if fused_max_requests is not None or not cuda:
         return num_requests <= (FUSED_MAX_REQUESTS if fused_max_requests is None else fused_max_requests)
-    if num_requests * vocab <= FUSED_MAX_LOGITS_CUDA:
-        return True
-    if target_rows is None:  # unknown: the captured rule
-        return False
-    if capturing is None:
-        capturing = torch.cuda.is_current_stream_capturing()
-    return not capturing and target_rows * vocab <= FUSED_MAX_TARGET_LOGITS_EAGER
+    return num_requests * vocab <= FUSED_MAX_LOGITS_CUDA
 
 
 def verify(
@@ -891,7 +878,7 @@ def verify(
     hold -1.
     """
     n_target, vocab = target_logits.shape
-    if takes_fused_path(path, cu_num_drafts.numel() - 1, fused_max_requests, fault, target_logits.is_cuda, vocab, n_target):
+    if takes_fused_path(path, cu_num_drafts.numel() - 1, fused_max_requests, fault, target_logits.is_cuda, vocab):
         from harness.backends.triton_fused import verify_fused  # imports this module's helpers
 
         return verify_fused(
@@ -1015,7 +1002,6 @@ class TritonBackend:
             fault=self.tiles.get("fault", 0),
             cuda=self.device == "cuda",
             vocab=batch.vocab_size,
-            target_rows=len(batch.target_logits),
         )
         # Reading a CUDA batch's methods synchronizes: worth it for the staged path only.
         if batch.method_codes is not None or not (fused and getattr(batch.methods, "is_cuda", False)):
