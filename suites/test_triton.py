@@ -387,15 +387,18 @@ def _any_requests(rng, vocab, n, draft_vocab, max_drafts):
     return out
 
 
+FUSED_CASES = [  # vocab, draft vocab, draft logits, tiles
+    (300, 300, True, {}),  # one tile, one split
+    (1025, 700, True, {"block_v": 256, "splits": 3}),  # a narrower draft vocabulary in fewer splits
+    (33, 33, False, {"block_v": 8, "splits": 2}),  # no draft logits; partial last tile
+    (7, 5, True, {"block_v": 4, "splits": 3}),  # tiles and splits past a tiny vocabulary
+    (2, 2, True, {}),
+]
+
+
 @pytest.mark.parametrize(
     "vocab,draft_vocab,with_draft,tiles",
-    [
-        (300, 300, True, {}),  # one tile, one split
-        (1025, 700, True, {"block_v": 256, "splits": 3}),  # a narrower draft vocabulary in fewer splits
-        (33, 33, False, {"block_v": 8, "splits": 2}),  # no draft logits; partial last tile
-        (7, 5, True, {"block_v": 4, "splits": 3}),  # tiles and splits past a tiny vocabulary
-        (2, 2, True, {}),
-    ],
+    FUSED_CASES,
     ids=["V300", "V1025-draft700-split3", "V33-no-draft-split2", "V7-draft5-split3", "V2"],
 )
 @pytest.mark.parametrize("chain_blocks", [10**9, 1], ids=["chain-in-mass", "chain-kernel"])
@@ -408,6 +411,52 @@ def test_fused_equals_staged(vocab, draft_vocab, with_draft, tiles, chain_blocks
         rng = np.random.default_rng([vocab, seed])
         batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
         _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
+
+
+def test_fused_chain_kernel_leaves_the_in_mass_scratch(monkeypatch):
+    """The chain kernel and the mass kernel's own chain write the same scratch, bit for bit
+    (statistics, chains, block ratios, every tile mass), not only the same tokens: a chain
+    read back at lower precision moves draws only near a boundary, but moves the masses."""
+    real_empty = torch.empty
+
+    def scratch_of(batch, chain_blocks, tiles):
+        monkeypatch.setattr(tf, "_CHAIN_KERNEL_BLOCKS", chain_blocks)
+        made = []
+
+        def zeroed(*args, **kwargs):  # unwritten slots compare equal
+            made.append(torch.zeros(*args, **kwargs))
+            return made[-1]
+
+        monkeypatch.setattr(torch, "empty", zeroed)
+        try:
+            _sample(batch, path="fused", **tiles)
+        finally:
+            monkeypatch.setattr(torch, "empty", real_empty)
+        (scratch,) = [t for t in made if t.dtype == torch.float64]
+        return scratch
+
+    for vocab, draft_vocab, with_draft, tiles in FUSED_CASES:
+        for seed in range(3):
+            rng = np.random.default_rng([vocab, seed])
+            batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
+            in_mass, own = scratch_of(batch, 10**9, tiles), scratch_of(batch, 1, tiles)
+            same = (in_mass == own) | (in_mass.isnan() & own.isnan())
+            assert bool(same.all()), f"V={vocab} seed={seed}: {int((~same).sum())} of {same.numel()} scratch values differ"
+
+
+def test_mass_spans_cover_the_vocabulary_in_whole_tiles():
+    """``_mass_split_len``: whole tiles, one each at small batches, at most the statistics'
+    split, about ``_MASS_PROGRAMS`` programs a call at large ones."""
+    for vocab in (2, 3000, 32000, 131072, 152064, 262144):
+        block_v, _, _, split_len = ts._tiles(vocab, cuda=True)
+        n_tiles = -(-vocab // block_v)
+        for blocks in (1, 3, 17, 64, 256, 1024):
+            span = tf._mass_split_len(blocks, n_tiles, split_len, block_v)
+            assert span % block_v == 0 and block_v <= span <= split_len
+            if blocks * n_tiles < 2 * tf._MASS_PROGRAMS:
+                assert span == block_v, (vocab, blocks, span)
+            else:
+                assert span == split_len or blocks * -(-vocab // span) >= tf._MASS_PROGRAMS, (vocab, blocks, span)
 
 
 def test_path_dispatch():

@@ -353,10 +353,10 @@ def _fused_mass_kernel(
     BLOCK_V: tl.constexpr, CHAINED: tl.constexpr,
 ):  # fmt: skip
     """The chain (``CHAINED``: read as ``_fused_chain_kernel`` wrote it; else decided here and
-    written for ``_fused_pick_kernel`` by the first split's programs), then every draw's
-    weight sums over this program's split: the final row of chain requests (if not a point
-    mass), rows 0..n_eff of strict and block requests."""
-    split = tl.program_id(1)
+    written for ``_fused_pick_kernel`` by the first span's programs), then every draw's
+    weight sums over this program's span of tiles (``split_len`` ids): the final row of
+    chain requests (if not a point mass), rows 0..n_eff of strict and block requests."""
+    split = tl.program_id(1)  # the span
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
     t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
     d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
@@ -430,7 +430,7 @@ def _fused_pick_kernel(
     BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """Strict requests' target samples, block verification's stop, the final draw and every
-    output slot, from the chain ``_fused_mass_kernel`` wrote."""
+    output slot, from the chain as ``_fused_chain_kernel`` or ``_fused_mass_kernel`` wrote it."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
     t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
     d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
@@ -517,17 +517,18 @@ def _fused_pick_kernel(
 # --- host side ----------------------------------------------------------------------------------
 _CPU_TILE = 1 << 20  # elements per tile in the interpreter: Triton's largest tensor
 _CUDA_REQUESTS = 64  # most requests per program of the chain kernels on CUDA (the staged chain's)
-_MASS_PROGRAMS = 256  # most programs of the mass kernel spreading a request's tiles (measured, H100)
+_MASS_PROGRAMS = 256  # mass programs a call spreads its tiles over, about (measured, H100)
 _CHAIN_KERNEL_BLOCKS = 4  # from this many request blocks the chain gets a kernel of its own (measured, H100)
 
 
 def _mass_split_len(request_blocks: int, n_tiles: int, split_len: int, block_v: int) -> int:
-    """The vocabulary span of one ``_fused_mass_kernel`` program on CUDA. Each program
-    decides the chain (a few dependent loads) and then sums its tiles one after the other,
-    so at small batches its time is the chain's latency plus a tile's per tile: there the
-    tiles are spread over up to ``_MASS_PROGRAMS`` programs (one tile each at B = 1), and
-    at large batches a program keeps the statistics' split (fewer chain decisions). A
-    tile's mass does not depend on which program sums it, so neither do the outputs."""
+    """The span of vocabulary one ``_fused_mass_kernel`` program sums, in whole tiles. A
+    program sums its tiles one after the other (and below ``_CHAIN_KERNEL_BLOCKS`` request
+    blocks first decides the chain), so at small batches its time is a latency per tile.
+    A call of T tiles (request blocks x tiles per row) gives each program T // _MASS_PROGRAMS
+    tiles, at least one (one each while T < 2 * _MASS_PROGRAMS; else at least about
+    ``_MASS_PROGRAMS`` programs) and at most the statistics' split. A tile's mass does not
+    depend on which program sums it, so neither do the outputs."""
     tiles = min(split_len // block_v, max(1, request_blocks * n_tiles // _MASS_PROGRAMS))
     return tiles * block_v
 
@@ -576,7 +577,7 @@ def verify_fused(
     # CUDA: one request per program for V >= 2048; at tiny vocabularies at most as many as the
     # staged chain kernel holds (Triton 3.6 took 6 min to compile [1024 lanes, 16 steps] tiles).
     lanes = min(block_r, _CUDA_REQUESTS) if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b))
-    mass_split_len = _mass_split_len(cdiv(b, lanes), n_tiles, t_split_len, t_block_v) if cuda else t_split_len
+    mass_split_len = _mass_split_len(cdiv(b, lanes), n_tiles, t_split_len, t_block_v)
     args = (
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature,
         seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
@@ -599,8 +600,8 @@ def verify_fused(
         t_block_v,
     )
     # Each mass program decides its requests' chain (a few dependent loads; no extra launch)
-    # while the requests are few; from _CHAIN_KERNEL_BLOCKS request blocks the chain is
-    # decided once per request block by a kernel of its own (the interpreter: one block).
+    # while the request blocks are few; from _CHAIN_KERNEL_BLOCKS of them the chain is decided
+    # once per request block by a kernel of its own.
     chained = cdiv(b, lanes) >= _CHAIN_KERNEL_BLOCKS
     if chained:
         launch(_fused_chain_kernel, (cdiv(b, lanes),), *args, *flags, num_warps=4)

@@ -725,7 +725,7 @@ def _owners_kernel(cu, t_req, d_req, K, B, BLOCK_R: tl.constexpr):
 def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_V, BLOCK_R, NSPLIT, split_len) from the vocabulary alone, so that a request's
     reductions (hence its output) never depend on its batch mates. GPU: 2048-wide tiles, one
-    split (a program's run of tiles in the row statistics and the draw masses) per 8192 ids up to 16. The interpreter pays per
+    split (a program's run of tiles in the row statistics and the staged draw masses) per 8192 ids up to 16. The interpreter pays per
     operation, so CPU tiles are large and unsplit. ``block_v`` / ``splits`` override (tests)."""
     budget = 2048 if cuda else 1 << 18  # elements per tile
     block_v = block_v or min(next_power_of_2(vocab), 2048 if cuda else 1 << 16)
@@ -837,10 +837,11 @@ class _Context:
 # allocations, no host sync) for small batches and the staged pipeline (~10 launches, a dozen
 # allocations) above. Interpreter (CPU): up to 256 requests, where the fused path's fewer
 # programs pay. CUDA: up to 2**26 logits per row position (requests x V: 2,097 requests at
-# V = 32000, 512 at 131072), where the fused path took at most the staged path's device time
-# on an H100 at every measured shape (benchmarks/RESULTS.md, issue 3, session 14: B <= 1024 at
-# V = 32000, B <= 256 at V >= 131072) and less host time; at 1024 requests and V >= 131072
-# the staged path took 0-5% less.
+# V = 32000, 512 at 131072). Measured on an H100 (benchmarks/RESULTS.md, issue 3, session 14;
+# B in {1, 64, 256, 1024}, V in {32000, 131072, 152064}): there the fused path took at most the
+# staged path's graph time (one tie, B = 256, K = 1, V = 152064) and less host time, and at
+# B = 1024, V >= 131072 the staged path took 0-5% less. Not measured: between B = 256 and the
+# limit at V >= 131072, B = 1025-2,097 at V = 32000, and V < 32000.
 FUSED_MAX_REQUESTS = 256
 FUSED_MAX_LOGITS_CUDA = 2**26
 PATHS = ("auto", "fused", "staged")
