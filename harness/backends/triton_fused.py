@@ -3,23 +3,22 @@
 The staged pipeline of ``harness.backends.triton_sampler`` launches up to ten kernels per
 call (row statistics and their merge for target and draft, owners, chain, strict draws,
 block masses and stop, draw masses and pick) and allocates a dozen tensors. This path does
-the same work for every method in three or four launches, three allocations (outputs and
+the same work for every method in four launches, three allocations (outputs and
 one float64 scratch) and no host synchronization:
 
 1. ``_fused_stats_kernel``, grid ((request, step) blocks, target and draft splits): target
    row k or draft row k of request r over one split, by the staged path's own tile loop
    (``_stats_step``, ``_store_final``): final statistics when the vocabulary is one split,
    per-split partials otherwise.
-2. From ``_CHAIN_KERNEL_BLOCKS`` request blocks, ``_fused_chain_kernel``, grid (request
-   blocks): merges the partials of the rows it reads (in split order, as
-   ``_combine_kernel``), decides every step of the acceptance chain at once (standard,
-   greedy, synthetic) and block verification's running ratios, and writes them.
-3. ``_fused_mass_kernel``, grid (request blocks, spans of tiles): reads the chain (or, below
-   ``_CHAIN_KERNEL_BLOCKS`` request blocks, decides it in every program, saving a launch;
-   the first span's programs write it), then sums over each tile of its span the weights
-   of every draw its requests may need: the residual or bonus row of a chain request, every
-   row up to the first placeholder of a strict or block request. At small batches the
-   tiles are spread over more programs than the statistics' splits (``_mass_split_len``).
+2. ``_fused_chain_kernel``, grid (request blocks): merges the split partials of every row
+   of its requests into final statistics (``_merge_splits``, as ``_combine_kernel``: once per
+   row, so no later kernel merges), decides every step of the acceptance chain at once
+   (standard, greedy, synthetic) and block verification's running ratios, and writes them.
+3. ``_fused_mass_kernel``, grid (request blocks, spans of tiles): sums over each tile of its
+   span the weights of every draw its requests may need: the residual or bonus row of a
+   chain request, every row up to the first placeholder of a strict or block request. At
+   small batches the tiles are spread over more programs than the statistics' splits
+   (``_mass_split_len``).
 4. ``_fused_pick_kernel``, grid (request blocks): strict requests' own target samples (stream
    TARGET), block verification's stop, the final draw by inverse CDF inside the tile holding
    ``u * total`` (``_pick_kernel``'s algorithm), and every output slot (-1 past the emitted
@@ -31,7 +30,8 @@ token (``suites/test_triton.py`` checks it under the interpreter). On CUDA a pro
 the staged kernels' tile (one row or request of 2048-wide tiles for V >= 2048), so the
 reductions are laid out alike; a compiler could still contract a multiply-add differently in
 the two paths, which would move a draw only when its uniform lies within an ulp of a token's
-boundary. The interpreter takes the largest tiles Triton allows (it pays per operation and
+boundary; so could the merge of split statistics, whose fp64 sum may round in another order
+on another tile layout (``_merge_splits``). The interpreter takes the largest tiles Triton allows (it pays per operation and
 per program; a reduction over a row does not depend on how many rows the tile holds).
 
 Planted faults (``fault != 0``) never come here: they live in the staged kernels.
@@ -56,6 +56,7 @@ from harness.backends.triton_sampler import (
     TritonBackend,
     _draw_from_tiles,
     _inv_temperature,
+    _merge_splits,
     _split_tile_masses,
     _stats_step,
     _store_final,
@@ -109,46 +110,13 @@ def _split_stats(
 
 
 @triton.jit
-def _split(parts, k, AXIS: tl.constexpr):
-    """``parts[..., k]`` along the splits axis ``AXIS`` (exact: one term and zeros)."""
-    return tl.sum(tl.where(tl.arange(0, parts.shape[AXIS]) == k, parts, 0), axis=AXIS)
-
-
-@triton.jit
-def _final_stats(s_m, s_s, s_arg, s_nan, rows, mask, scale, NSPLIT: tl.constexpr):
-    """Final statistics of ``rows`` (any shape; ``scale`` broadcasts to it): max, log of the
-    sum, argmax (int64) and degenerate flag; partials merged as ``_combine_kernel`` merges them."""
-    if NSPLIT == 1:
-        m = tl.load(s_m + rows, mask=mask, other=0.0).to(tl.float32)
-        logs = tl.load(s_s + rows, mask=mask, other=0.0).to(tl.float32)
-        arg = tl.load(s_arg + rows, mask=mask, other=0.0).to(tl.int64)
-        bad = tl.load(s_nan + rows, mask=mask, other=0.0) != 0
-    else:
-        # Every split's partials in one load per field (a trailing axis of splits), merged in
-        # split order by a loop (unrolled, the loads of every call site made compiles take minutes).
-        axis: tl.constexpr = len(rows.shape)
-        sp = tl.arange(0, triton.next_power_of_2(NSPLIT))
-        part = tl.expand_dims(rows * NSPLIT, axis) + sp
-        pmask = tl.expand_dims(mask, axis) & (sp < NSPLIT)
-        parts_m = tl.load(s_m + part, mask=pmask, other=_LOWEST).to(tl.float32)
-        parts_s = tl.load(s_s + part, mask=pmask, other=0.0).to(tl.float32)
-        parts_arg = tl.load(s_arg + part, mask=pmask, other=0.0).to(tl.int32)
-        parts_nan = tl.load(s_nan + part, mask=pmask, other=0.0).to(tl.int32)
-        m = tl.full(rows.shape, _LOWEST, tl.float32)
-        s = tl.zeros(rows.shape, tl.float32)
-        arg32 = tl.zeros(rows.shape, tl.int32)
-        nan = tl.zeros(rows.shape, tl.int32)
-        for k in range(NSPLIT):
-            mk = _split(parts_m, k, axis)
-            sk = _split(parts_s, k, axis)
-            arg32 = tl.where((mk > m) & (sk > 0), _split(parts_arg, k, axis), arg32)
-            nan = tl.maximum(nan, _split(parts_nan, k, axis))
-            new_m = tl.maximum(m, mk)
-            s = s * tl.exp2((m - new_m) * scale) + sk * tl.exp2((mk - new_m) * scale)
-            m = new_m
-        bad = (nan != 0) | (s == 0)
-        logs = tl.log(s)
-        arg = tl.where(bad, 0, arg32).to(tl.int64)
+def _final_stats(s_m, s_s, s_arg, s_nan, rows, mask):
+    """Final statistics of ``rows`` (any shape) as the stats kernel (one split) or the chain
+    kernel (``_finalize``) stored them: max, log of the sum, argmax (int64), degenerate flag."""
+    m = tl.load(s_m + rows, mask=mask, other=0.0).to(tl.float32)
+    logs = tl.load(s_s + rows, mask=mask, other=0.0).to(tl.float32)
+    arg = tl.load(s_arg + rows, mask=mask, other=0.0).to(tl.int64)
+    bad = tl.load(s_nan + rows, mask=mask, other=0.0) != 0
     return m, logs, arg, bad
 
 
@@ -186,7 +154,7 @@ def _chain(
     t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan,
     positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
     HAS_DRAFT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
-    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr,
+    KP: tl.constexpr,
 ):  # fmt: skip
     """``_chain_kernel``'s decisions, every step at once: the drafts ``x`` [lanes, KP] (-1
     past the count), ``n`` drafts accepted by the standard / greedy / synthetic rule,
@@ -197,16 +165,14 @@ def _chain(
     x = tl.load(drafts + start[:, None] + ks, mask=step, other=-1)  # -1: placeholder or none
     good = step & (x >= 0)
     greedy = (temp == 0)[:, None]
-    inv_t = _inv_temperature(temp)
-    scale = (inv_t * _LOG2E)[:, None]
-    inv_t = inv_t[:, None]
+    inv_t = _inv_temperature(temp)[:, None]
     row = (start + r)[:, None] + ks
-    tm, tlogs, targ, tbad = _final_stats(t_m, t_s, t_arg, t_nan, row, good, scale, T_NSPLIT)
+    tm, tlogs, targ, tbad = _final_stats(t_m, t_s, t_arg, t_nan, row, good)
     lt = _lp(t_logits, t_stride, V, tm, tlogs, targ, tbad, row, x, inv_t, greedy, good)
     lq = tl.zeros_like(lt)
     if HAS_DRAFT:
         drow = start[:, None] + ks
-        dm, dlogs, darg, dbad = _final_stats(d_m, d_s, d_arg, d_nan, drow, good, scale, D_NSPLIT)
+        dm, dlogs, darg, dbad = _final_stats(d_m, d_s, d_arg, d_nan, drow, good)
         lq = _lp(d_logits, d_stride, Vd, dm, dlogs, darg, dbad, drow, x, inv_t, greedy, good)
     u = _uniform(seed[:, None], tl.load(positions + row, mask=good, other=0), _ACCEPT)
     # standard: min(1, t/q), t/0 = inf for t > 0, 0/0 = 0; no draft row: q(x) = 1
@@ -234,13 +200,13 @@ def _chain(
 @triton.jit
 def _job(
     d_m, d_s, d_arg, d_nan, drafts, trow, drow, m, logs, rho, act, scale,
-    HAS_DRAFT: tl.constexpr, D_NSPLIT: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
 ):  # fmt: skip
     """``_job_rows`` for one draw per lane, as [lanes, 1] columns: target row ``trow`` (max
     ``m``, log-sum ``logs``), or its residual max(rho * target - draft, 0) when rho >= 0."""
     resid = act & (rho >= 0)
     if HAS_DRAFT:
-        dm, dlogs, _, dbad = _final_stats(d_m, d_s, d_arg, d_nan, drow, resid, scale, D_NSPLIT)
+        dm, dlogs, _, dbad = _final_stats(d_m, d_s, d_arg, d_nan, drow, resid)
         use_draft = resid & ~dbad
         excl = tl.where(resid & dbad, 0, -1).to(tl.int64)[:, None]  # degenerate draft: one-hot on 0
         dm = tl.where(use_draft, dm, 0.0)
@@ -312,34 +278,92 @@ def _store_chain(chain, r, mask, n, rejected, n_eff, rhos, K, B, HAS_BLOCK: tl.c
 
 
 @triton.jit
-def _load_chain(chain, r, valid, K, B, HAS_BLOCK: tl.constexpr, KP: tl.constexpr, INT: tl.constexpr):
-    """``n``, ``rejected``, ``n_eff`` (as ``INT``) and (block verification) ``rhos`` [lanes, KP] as stored."""
+def _load_chain(chain, r, valid, B, INT: tl.constexpr):
+    """``n``, ``rejected`` and ``n_eff`` (as ``INT``) as ``_store_chain`` stored them (block
+    verification's ratios are read one per lane where needed)."""
     n = tl.load(chain + r, mask=valid, other=0).to(INT)
     rejected = tl.load(chain + B + r, mask=valid, other=0) != 0
     n_eff = tl.load(chain + 2 * B + r, mask=valid, other=0).to(INT)
-    ks = tl.arange(0, KP)[None, :]
-    rhos = tl.zeros([n.shape[0], KP], tl.float32)
-    if HAS_BLOCK:
-        rhos = tl.load(chain + 3 * B + r[:, None] * (K + 1) + ks, mask=valid[:, None] & (ks <= K), other=0.0).to(tl.float32)
-    return n, rejected, n_eff, rhos
+    return n, rejected, n_eff
+
+
+@triton.jit
+def _finalize(p_m, p_s, p_arg, p_nan, f_m, f_s, f_arg, f_nan, rows, mask, scale, NSPLIT: tl.constexpr):
+    """Merge the ``NSPLIT`` partials of ``rows`` (``_merge_splits``, as ``_combine_kernel``)
+    and store their final statistics as ``_store_final`` does."""
+    axis: tl.constexpr = len(rows.shape)
+    sp = tl.arange(0, triton.next_power_of_2(NSPLIT))
+    part = tl.expand_dims(rows * NSPLIT, axis) + sp
+    pmask = tl.expand_dims(mask, axis) & (sp < NSPLIT)
+    m, s, arg, nan = _merge_splits(
+        tl.load(p_m + part, mask=pmask, other=_LOWEST).to(tl.float32),
+        tl.load(p_s + part, mask=pmask, other=0.0).to(tl.float32),
+        tl.load(p_arg + part, mask=pmask, other=0.0).to(tl.int32),
+        tl.load(p_nan + part, mask=pmask, other=0.0).to(tl.int32),
+        scale + tl.zeros(rows.shape, tl.float32),
+        0,
+    )
+    bad = (nan != 0) | (s == 0)
+    tl.store(f_m + rows, m, mask=mask)
+    tl.store(f_s + rows, tl.log(s), mask=mask)
+    tl.store(f_arg + rows, tl.where(bad, 0, arg), mask=mask)
+    tl.store(f_nan + rows, bad.to(tl.int32), mask=mask)
+
+
+@triton.jit
+def _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr):
+    """Final statistics' arrays: the stats kernel's own where one split, else the chain kernel's."""
+    if T_NSPLIT > 1:
+        t_m, t_s, t_arg, t_nan = _stats_at(scratch + f_off, t_size // T_NSPLIT)
+    else:
+        t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
+    if D_NSPLIT > 1:
+        d_m, d_s, d_arg, d_nan = _stats_at(scratch + f_off + 4 * (t_size // T_NSPLIT), d_size // D_NSPLIT)
+    else:
+        d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
+    return t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan
 
 
 @triton.jit(do_not_specialize=_COUNTS)
 def _fused_chain_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
-    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """The chain alone, once per request, for ``_fused_mass_kernel(CHAINED=True)``."""
+    """Final statistics of every row of its requests (merged splits), then the chain."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
-    t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
-    d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
+    ks = tl.arange(0, KP).to(tl.int64)[None, :]
+    scale = (_inv_temperature(temp) * _LOG2E)[:, None]
+    t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
+    if T_NSPLIT > 1:
+        p_m, p_s, p_arg, p_nan = _stats_at(scratch, t_size)
+        _finalize(
+            p_m,
+            p_s,
+            p_arg,
+            p_nan,
+            t_m,
+            t_s,
+            t_arg,
+            t_nan,
+            (start + r)[:, None] + ks,
+            valid[:, None] & (ks <= cnt[:, None]),
+            scale,
+            T_NSPLIT,
+        )
+    if HAS_DRAFT:
+        if D_NSPLIT > 1:
+            p_m, p_s, p_arg, p_nan = _stats_at(scratch + d_off, d_size)
+            _finalize(
+                p_m, p_s, p_arg, p_nan, d_m, d_s, d_arg, d_nan, start[:, None] + ks, valid[:, None] & (ks < cnt[:, None]), scale, D_NSPLIT
+            )
+    tl.debug_barrier()
     _, n, rejected, n_eff, rhos = _chain(
         t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan,
         positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
-        HAS_DRAFT, HAS_SYNTH, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP,
+        HAS_DRAFT, HAS_SYNTH, HAS_BLOCK, KP,
     )  # fmt: skip
     _store_chain(scratch + c_off, r, valid, n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
 
@@ -347,28 +371,18 @@ def _fused_chain_kernel(
 @triton.jit(do_not_specialize=_COUNTS)
 def _fused_mass_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
-    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr, CHAINED: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """The chain (``CHAINED``: read as ``_fused_chain_kernel`` wrote it; else decided here and
-    written for ``_fused_pick_kernel`` by the first span's programs), then every draw's
-    weight sums over this program's span of tiles (``split_len`` ids): the final row of
-    chain requests (if not a point mass), rows 0..n_eff of strict and block requests."""
+    """Every draw's weight sums over this program's span of tiles (``split_len`` ids), after
+    the chain ``_fused_chain_kernel`` decided: the final row of chain requests (if not a point
+    mass), rows 0..n_eff of strict and block requests."""
     split = tl.program_id(1)  # the span
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
-    t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
-    d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
-    if CHAINED:
-        n, rejected, n_eff, rhos = _load_chain(scratch + c_off, r, valid, K, B, HAS_BLOCK, KP, tl.int64)  # as _chain's
-    else:
-        _x, n, rejected, n_eff, rhos = _chain(
-            t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan,
-            positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
-            HAS_DRAFT, HAS_SYNTH, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP,
-        )  # fmt: skip
-        _store_chain(scratch + c_off, r, valid & (split == 0), n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
+    t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
+    n, rejected, n_eff = _load_chain(scratch + c_off, r, valid, B, tl.int64)  # as _chain's
     greedy = temp == 0
     scale = _inv_temperature(temp) * _LOG2E
     strict = valid & False
@@ -385,13 +399,16 @@ def _fused_mass_kernel(
     for i in range(0, tl.max(count, axis=0)):
         slot = first + i
         trow = start + r + slot
-        m, logs, _, bad = _final_stats(t_m, t_s, t_arg, t_nan, trow, i < count, scale, T_NSPLIT)
+        m, logs, _, bad = _final_stats(t_m, t_s, t_arg, t_nan, trow, i < count)
         act = (i < count) & ~(greedy | bad)  # a point-mass row needs no draw
         rho = rho_chain
         if HAS_BLOCK:
-            rho = tl.where(blk, tl.where(slot == n_eff, -1.0, _column(rhos, slot, KP)), rho_chain)
+            # One ratio per lane, not the [lanes, KP] tile: from a loaded tile Triton laid the
+            # draw tile out a row per thread (16,000 lines of PTX, a shared-memory round trip).
+            rho_slot = tl.load(scratch + c_off + 3 * B + r * (K + 1) + slot, mask=blk & (slot < n_eff), other=0.0)
+            rho = tl.where(blk, tl.where(slot == n_eff, -1.0, rho_slot.to(tl.float32)), rho_chain)
         j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
-            d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
+            d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT
         )
         at = (r * (K + 1) + slot) * n_tiles
         _split_tile_masses(
@@ -405,12 +422,12 @@ def _fused_mass_kernel(
 def _draw(
     t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts, positions,
     mass_w, m_size, r, start, trow, slot, m, logs, rho, act, scale, seed, K, n_tiles,
-    STREAM: tl.constexpr, HAS_DRAFT: tl.constexpr, D_NSPLIT: tl.constexpr, NT: tl.constexpr, BLOCK_V: tl.constexpr,
+    STREAM: tl.constexpr, HAS_DRAFT: tl.constexpr, NT: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """One draw per active lane from target row ``trow`` (or its residual, rho >= 0) with the
     masses ``_fused_mass_kernel`` summed for ``slot``, by the uniform of (seed, position, STREAM)."""
     j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
-        d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT, D_NSPLIT
+        d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT
     )
     u = _uniform(seed, tl.load(positions + trow, mask=act, other=0), STREAM)
     at = (r * (K + 1) + slot) * n_tiles
@@ -424,7 +441,7 @@ def _draw(
 @triton.jit(do_not_specialize=_COUNTS)
 def _fused_pick_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
-    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, tokens, emitted,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, tokens, emitted,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -432,12 +449,11 @@ def _fused_pick_kernel(
     """Strict requests' target samples, block verification's stop, the final draw and every
     output slot, from the chain as ``_fused_chain_kernel`` or ``_fused_mass_kernel`` wrote it."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
-    t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
-    d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
+    t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
     ks = tl.arange(0, KP)[None, :]
     x = tl.load(drafts + start[:, None] + ks, mask=valid[:, None] & (ks < cnt[:, None]), other=-1)
     chain = scratch + c_off
-    n, rejected, n_eff, _ = _load_chain(chain, r, valid, K, B, False, KP, tl.int32)
+    n, rejected, n_eff = _load_chain(chain, r, valid, B, tl.int32)
     greedy = temp == 0
     inv_t = _inv_temperature(temp)
     scale = inv_t * _LOG2E
@@ -455,7 +471,7 @@ def _fused_pick_kernel(
         for k in range(0, tl.max(tl.where(strict, n_eff, 0), axis=0)):
             xk = _column(x, tl.zeros_like(n) + k, KP)
             act = live & (xk >= 0)
-            m, logs, arg, bad = _final_stats(t_m, t_s, t_arg, t_nan, row0 + k, act, scale, T_NSPLIT)
+            m, logs, arg, bad = _final_stats(t_m, t_s, t_arg, t_nan, row0 + k, act)
             point = greedy | bad
             y = arg
             need = act & ~point
@@ -463,7 +479,7 @@ def _fused_pick_kernel(
                 drawn = _draw(
                     t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
                     positions, mass_w, m_size, r, start, row0 + k, tl.zeros_like(n) + k, m, logs, tl.full(temp.shape, -1.0, tl.float32),
-                    need, scale, seed, K, n_tiles, _TARGET, HAS_DRAFT, D_NSPLIT, NT, BLOCK_V,
+                    need, scale, seed, K, n_tiles, _TARGET, HAS_DRAFT, NT, BLOCK_V,
                 )  # fmt: skip
                 y = tl.where(point, arg, drawn)
             ok = y == xk
@@ -482,11 +498,11 @@ def _fused_pick_kernel(
             inner = live & (i < n_eff)
             rho = tl.load(chain + 3 * B + r * (K + 1) + i, mask=live, other=1.0).to(tl.float32)
             row = row0 + i
-            _m, _logs, pt, bad = _final_stats(t_m, t_s, t_arg, t_nan, row, inner, scale, T_NSPLIT)
+            _m, _logs, pt, bad = _final_stats(t_m, t_s, t_arg, t_nan, row, inner)
             point = greedy | bad
             # A point-mass target row (T = 0 or degenerate): R = max(rho - draft(pt), 0).
             if HAS_DRAFT:
-                dm, dlogs, darg, dbad = _final_stats(d_m, d_s, d_arg, d_nan, start + i, inner & point, scale, D_NSPLIT)
+                dm, dlogs, darg, dbad = _final_stats(d_m, d_s, d_arg, d_nan, start + i, inner & point)
                 q_pt = tl.exp(_lp(d_logits, d_stride, Vd, dm, dlogs, darg, dbad, start + i, pt, inv_t, greedy, inner & point))
             else:
                 q_pt = (tl.load(drafts + start + i, mask=inner & point, other=-1) == pt).to(tl.float32)
@@ -499,14 +515,14 @@ def _fused_pick_kernel(
         fin = tl.where(blk, stop, fin)
         rho_stop = tl.load(chain + 3 * B + r * (K + 1) + stop, mask=blk, other=1.0).to(tl.float32)
         rho_fin = tl.where(blk, tl.where(stop == n_eff, -1.0, rho_stop), rho_fin)
-    m, logs, pt, bad = _final_stats(t_m, t_s, t_arg, t_nan, row0 + fin, valid, scale, T_NSPLIT)
+    m, logs, pt, bad = _final_stats(t_m, t_s, t_arg, t_nan, row0 + fin, valid)
     token = tl.where(strict_rejected, strict_token, pt)
     draw = valid & ~(greedy | bad | strict_rejected)
     if tl.max(draw.to(tl.int32), axis=0) > 0:
         drawn = _draw(
             t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
             positions, mass_w, m_size, r, start, row0 + fin, fin, m, logs, rho_fin, draw, scale, seed, K, n_tiles,
-            _RESIDUAL, HAS_DRAFT, D_NSPLIT, NT, BLOCK_V,
+            _RESIDUAL, HAS_DRAFT, NT, BLOCK_V,
         )  # fmt: skip
         token = tl.where(draw, drawn, token)
     out = tl.where(ks < fin[:, None], x, tl.where(ks == fin[:, None], token[:, None], -1))
@@ -518,13 +534,11 @@ def _fused_pick_kernel(
 _CPU_TILE = 1 << 20  # elements per tile in the interpreter: Triton's largest tensor
 _CUDA_REQUESTS = 64  # most requests per program of the chain kernels on CUDA (the staged chain's)
 _MASS_PROGRAMS = 256  # mass programs a call spreads its tiles over, about (measured, H100)
-_CHAIN_KERNEL_BLOCKS = 4  # from this many request blocks the chain gets a kernel of its own (measured, H100)
 
 
 def _mass_split_len(request_blocks: int, n_tiles: int, split_len: int, block_v: int) -> int:
     """The span of vocabulary one ``_fused_mass_kernel`` program sums, in whole tiles. A
-    program sums its tiles one after the other (and below ``_CHAIN_KERNEL_BLOCKS`` request
-    blocks first decides the chain), so at small batches its time is a latency per tile.
+    program sums its tiles one after the other, so at small batches its time is a latency per tile.
     A call of T tiles (request blocks x tiles per row) gives each program T // _MASS_PROGRAMS
     tiles, at least one (one each while T < 2 * _MASS_PROGRAMS; else at least about
     ``_MASS_PROGRAMS`` programs) and at most the statistics' split. A tile's mass does not
@@ -538,7 +552,7 @@ def verify_fused(
     synthetic_rates, max_drafts: int, *, has_strict: bool = True, has_block: bool = True, has_synthetic: bool = True,
     block_v: int | None = None, splits: int | None = None,
 ):  # fmt: skip
-    """``triton_sampler.verify``'s contract (the same outputs) in three or four launches, three
+    """``triton_sampler.verify``'s contract (the same outputs) in four launches, three
     allocations and no host synchronization. ``has_*`` only prune code, as there."""
     dev = target_logits.device
     cuda = dev.type == "cuda"
@@ -562,7 +576,9 @@ def verify_fused(
     n_tiles = cdiv(vocab, t_block_v)
     m_size = b * (k + 1) * n_tiles
     c_off = m_off + 2 * m_size
-    scratch = torch.empty(c_off + b * (k + 4), dtype=torch.float64, device=dev)
+    f_off = c_off + b * (k + 4)  # final statistics where the vocabulary has several splits
+    f_size = 4 * n_t * (t_nsplit > 1) + 4 * n_d * (d_nsplit > 1)
+    scratch = torch.empty(f_off + f_size, dtype=torch.float64, device=dev)
     temperature = temperature.to(torch.float64)
     # CUDA: the staged path's tiles (one (request, step) per program for V >= 2048). The
     # interpreter pays per element of a tile, valid or not: no more lanes than needed.
@@ -581,7 +597,7 @@ def verify_fused(
     args = (
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature,
         seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
-        scratch, t_size, d_off, d_size, m_off, m_size, c_off, mass_split_len, n_tiles,
+        scratch, t_size, d_off, d_size, m_off, m_size, c_off, mass_split_len, n_tiles, f_off,
     )  # fmt: skip
     # Steps padded to a power of two, at least 2 (a masked step costs nothing): Triton 3.6
     # failed on a [lanes, 1] step tile before the step indices were int64.
@@ -599,13 +615,8 @@ def verify_fused(
         lanes,
         t_block_v,
     )
-    # Each mass program decides its requests' chain (a few dependent loads; no extra launch)
-    # while the request blocks are few; from _CHAIN_KERNEL_BLOCKS of them the chain is decided
-    # once per request block by a kernel of its own.
-    chained = cdiv(b, lanes) >= _CHAIN_KERNEL_BLOCKS
-    if chained:
-        launch(_fused_chain_kernel, (cdiv(b, lanes),), *args, *flags, num_warps=4)
-    launch(_fused_mass_kernel, (cdiv(b, lanes), cdiv(vocab, mass_split_len)), *args, *flags, chained, num_warps=4)
+    launch(_fused_chain_kernel, (cdiv(b, lanes),), *args, *flags, num_warps=4)
+    launch(_fused_mass_kernel, (cdiv(b, lanes), cdiv(vocab, mass_split_len)), *args, *flags, num_warps=4)
     launch(_fused_pick_kernel, (cdiv(b, lanes),), *args, tokens, emitted, *flags, num_warps=4)
     return tokens, emitted
 

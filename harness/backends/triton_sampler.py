@@ -27,7 +27,7 @@ output depends on its own inputs only, and tiles depend on the vocabulary alone.
 Conventions follow ``reference`` (block verification's running ratio stays 0 once 0:
 ``0 * inf = 0``, as ``reference.rules.block_step``).
 
-The fused path (``harness.backends.triton_fused``) gives the same outputs in three or four launches;
+The fused path (``harness.backends.triton_fused``) gives the same outputs in four launches;
 ``path`` chooses, and the default takes it up to a batch size per vocabulary (``takes_fused_path``).
 """
 
@@ -215,32 +215,50 @@ def _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad,
     tl.store(out_bad + rows, bad.to(tl.int8), mask=valid)
 
 
+@triton.jit
+def _merge_splits(parts_m, parts_s, parts_arg, parts_nan, scale, FAULT: tl.constexpr):
+    """Merge per-split statistics along the last axis (a split past the last: max _LOWEST,
+    sum 0): the max, the sum of every split's sum rescaled to it, the argmax of the first
+    split holding the max (lowest id wins ties) and the NaN flag. One reduction per field,
+    not a step per split (a chain of dependent reductions on the small-batch critical path).
+    The rescaled fp32 terms add in fp64, so kernels that merge on different tile layouts (the
+    staged ``_combine_kernel``, the fused chain kernel) get the same fp32 bits unless their fp64
+    sums round apart across an fp32 rounding boundary (about 2^-29 of rows)."""
+    axis: tl.constexpr = len(parts_m.shape) - 1
+    sp = tl.arange(0, parts_m.shape[axis])
+    m = tl.max(parts_m, axis=axis)
+    terms = parts_s * tl.exp2((parts_m - tl.expand_dims(m, axis)) * tl.expand_dims(scale, axis))
+    s = tl.sum(terms.to(tl.float64), axis=axis).to(tl.float32)
+    hit = (parts_m == tl.expand_dims(m, axis)) & (parts_s > 0)
+    if FAULT == _GREEDY_TIE_HIGHEST:
+        first = tl.max(tl.where(hit, sp, -1), axis=axis)
+    else:
+        first = tl.min(tl.where(hit, sp, _NO_ID), axis=axis)
+    arg = tl.sum(tl.where(sp == tl.expand_dims(first, axis), parts_arg, 0), axis=axis)
+    return m, s, arg, tl.max(parts_nan, axis=axis)
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def _combine_kernel(
     n_rows, row_req, temperature, part_m, part_s, part_arg, part_nan,
     out_m, out_logs, out_arg, out_bad, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
-    """Merge the vocabulary splits of ``_stats_kernel`` (in split order: lowest id wins ties)."""
+    """Merge the vocabulary splits of ``_stats_kernel`` (``_merge_splits``: lowest id wins ties)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     valid = rows < n_rows
     req = tl.load(row_req + rows, mask=valid, other=0)
     scale = _inv_temperature(tl.load(temperature + req, mask=valid, other=1.0)) * _LOG2E
-    m = tl.full([BLOCK_R], _LOWEST, tl.float32)
-    s = tl.zeros([BLOCK_R], tl.float32)
-    arg = tl.zeros([BLOCK_R], tl.int32)
-    nan = tl.zeros([BLOCK_R], tl.int32)
-    for k in tl.static_range(NSPLIT):
-        part = rows * NSPLIT + k
-        mk = tl.load(part_m + part, mask=valid, other=_LOWEST)
-        sk = tl.load(part_s + part, mask=valid, other=0.0)
-        if FAULT == _GREEDY_TIE_HIGHEST:
-            arg = tl.where((mk >= m) & (sk > 0), tl.load(part_arg + part, mask=valid, other=0), arg)
-        else:
-            arg = tl.where((mk > m) & (sk > 0), tl.load(part_arg + part, mask=valid, other=0), arg)
-        nan = tl.maximum(nan, tl.load(part_nan + part, mask=valid, other=0))
-        new_m = tl.maximum(m, mk)
-        s = s * tl.exp2((m - new_m) * scale) + sk * tl.exp2((mk - new_m) * scale)
-        m = new_m
+    sp = tl.arange(0, triton.next_power_of_2(NSPLIT))[None, :]
+    part = rows[:, None] * NSPLIT + sp
+    pmask = valid[:, None] & (sp < NSPLIT)
+    m, s, arg, nan = _merge_splits(
+        tl.load(part_m + part, mask=pmask, other=_LOWEST),
+        tl.load(part_s + part, mask=pmask, other=0.0),
+        tl.load(part_arg + part, mask=pmask, other=0),
+        tl.load(part_nan + part, mask=pmask, other=0),
+        scale,
+        FAULT,
+    )
     _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad, FAULT)
 
 
