@@ -389,7 +389,8 @@ def _any_requests(rng, vocab, n, draft_vocab, max_drafts):
 
 FUSED_CASES = [  # vocab, draft vocab, draft logits, tiles
     (300, 300, True, {}),  # one tile, one split
-    (1025, 700, True, {"block_v": 256, "splits": 3}),  # a narrower draft vocabulary in fewer splits
+    (1025, 700, True, {"block_v": 256, "splits": 3}),  # a narrower draft vocabulary (3 splits each)
+    (1025, 256, True, {"block_v": 256, "splits": 3}),  # a draft vocabulary of one split, the target's of 3
     (33, 33, False, {"block_v": 8, "splits": 2}),  # no draft logits; partial last tile
     (7, 5, True, {"block_v": 4, "splits": 3}),  # tiles and splits past a tiny vocabulary
     (2, 2, True, {}),
@@ -399,7 +400,7 @@ FUSED_CASES = [  # vocab, draft vocab, draft logits, tiles
 @pytest.mark.parametrize(
     "vocab,draft_vocab,with_draft,tiles",
     FUSED_CASES,
-    ids=["V300", "V1025-draft700-split3", "V33-no-draft-split2", "V7-draft5-split3", "V2"],
+    ids=["V300", "V1025-draft700-split3", "V1025-draft256-split3-1", "V33-no-draft-split2", "V7-draft5-split3", "V2"],
 )
 def test_fused_equals_staged(vocab, draft_vocab, with_draft, tiles):
     """The fused path's outputs are the staged path's, token for token, on mixed batches
@@ -418,7 +419,7 @@ def test_fused_final_statistics_are_the_staged_ones(monkeypatch):
     for vocab, draft_vocab, with_draft, tiles in FUSED_CASES:
         block_v, splits = tiles.get("block_v"), tiles.get("splits")
         if not splits:
-            continue  # one split: the stats kernel stores final statistics itself
+            continue  # one split everywhere: the stats kernel stores final statistics itself
         rng = np.random.default_rng([vocab, 7])
         batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
         made = []
@@ -436,14 +437,21 @@ def test_fused_final_statistics_are_the_staged_ones(monkeypatch):
         t = batch.to_torch("cpu")
         counts = torch.diff(torch.as_tensor(batch.cu_num_drafts))
         temperature = t["temperature"].to(torch.float64)
-        finals = scratch[-4 * (len(batch.target_logits) + (len(batch.draft_tokens) if with_draft else 0)) :]
-        sides = [(t["target_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts + 1))]
+        # Final statistics: the chain kernel's (after everything else) for a side of several
+        # splits, else the stats kernel's own (target at 0, draft after the target's partials).
+        n_t, n_d = len(batch.target_logits), len(batch.draft_tokens) if with_draft else 0
+        t_split = ts._tiles(vocab, False, block_v, splits)[2]
+        d_split = ts._tiles(draft_vocab, False, block_v, splits)[2] if with_draft else 1
+        at = len(scratch) - 4 * (n_t * (t_split > 1) + n_d * (d_split > 1))
+        t_at = at if t_split > 1 else 0
+        d_at = at + 4 * n_t * (t_split > 1) if d_split > 1 else 4 * n_t * t_split
+        sides = [(t["target_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts + 1), t_at)]
         if with_draft:
-            sides.append((t["draft_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts)))
-        for logits, owner in sides:
+            sides.append((t["draft_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts), d_at))
+        for logits, owner, start in sides:
             want = ts._Stats(logits.to(torch.float32), owner, temperature, False, (block_v, splits))
             n = len(owner)
-            got, finals = finals[: 4 * n].view(4, n), finals[4 * n :]
+            got = scratch[start : start + 4 * n].view(4, n)
             for name, g, w in zip(("max", "log-sum", "argmax", "degenerate"), got, (want.m, want.logs, want.arg, want.bad)):
                 w = w.to(torch.float64)
                 same = (g == w) | (g.isnan() & w.isnan())

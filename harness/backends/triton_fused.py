@@ -313,12 +313,14 @@ def _finalize(p_m, p_s, p_arg, p_nan, f_m, f_s, f_arg, f_nan, rows, mask, scale,
 @triton.jit
 def _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr):
     """Final statistics' arrays: the stats kernel's own where one split, else the chain kernel's."""
+    d_fin = f_off  # the draft's finals follow the target's, where the target has any
     if T_NSPLIT > 1:
         t_m, t_s, t_arg, t_nan = _stats_at(scratch + f_off, t_size // T_NSPLIT)
+        d_fin = f_off + 4 * (t_size // T_NSPLIT)
     else:
         t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
     if D_NSPLIT > 1:
-        d_m, d_s, d_arg, d_nan = _stats_at(scratch + f_off + 4 * (t_size // T_NSPLIT), d_size // D_NSPLIT)
+        d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_fin, d_size // D_NSPLIT)
     else:
         d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
     return t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan
@@ -447,7 +449,7 @@ def _fused_pick_kernel(
     BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """Strict requests' target samples, block verification's stop, the final draw and every
-    output slot, from the chain as ``_fused_chain_kernel`` or ``_fused_mass_kernel`` wrote it."""
+    output slot, from the chain as ``_fused_chain_kernel`` wrote it."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
     ks = tl.arange(0, KP)[None, :]
@@ -568,7 +570,8 @@ def verify_fused(
     n_d, d_vocab = draft_tokens.numel(), d_logits.shape[1]
     t_block_v, block_r, t_nsplit, t_split_len = _tiles(vocab, cuda, block_v, splits)
     d_block_v, _, d_nsplit, d_split_len = _tiles(d_vocab, cuda, block_v, splits) if has_draft else (t_block_v, 0, 1, t_split_len)
-    # One float64 scratch: row statistics (ids and flags are exact in float64), draw masses, chains.
+    # One float64 scratch: row statistics (ids and flags are exact in float64), draw masses, chains,
+    # and final statistics of the sides (target, draft) with several splits.
     t_size = n_t * t_nsplit
     d_off = 4 * t_size
     d_size = n_d * d_nsplit if has_draft else 0

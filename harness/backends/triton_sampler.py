@@ -851,7 +851,7 @@ class _Context:
         )  # fmt: skip
 
 
-# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3-4 launches, 3
+# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 4 launches, 3
 # allocations, no host sync) for small batches and the staged pipeline (~10 launches, a dozen
 # allocations) above. Interpreter (CPU): up to 256 requests, where the fused path's fewer
 # programs pay. CUDA: up to 2**26 logits per row position (requests x V: 2,097 requests at
