@@ -628,6 +628,49 @@ def test_gpu_fused_equals_staged(vocab, b, k):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.xfail(
+    strict=True,
+    reason="Known gap (session 14, H100): the fused path's stored final log-sum is not the staged path's in some "
+    "target rows (2 of 9 at V = 152064, B = 3; 65 of 321 at V = 131072, B = 64; maxima equal, magnitude not yet "
+    "measured). Tokens agreed (test_gpu_fused_equals_staged) and the gpu catalog's exact-law checks passed. Whether "
+    "the merge or the stats kernels' multiply-add contraction causes it is open; a fix makes this XPASS and fail.",
+)
+@pytest.mark.parametrize("vocab,b,k", [(152064, 3, 4), (131072, 64, 8)])
+def test_gpu_fused_final_statistics_are_the_staged_ones(vocab, b, k, monkeypatch):
+    """On CUDA the fused chain kernel's merged final statistics of every target and draft row
+    would be the staged path's bit for bit (max, log-sum, argmax, degenerate flag): equal tokens
+    (``test_gpu_fused_equals_staged``) hide a difference of an ulp."""
+    args = _device_mixed_batch(vocab, b, k, 0)
+    target, draft, cu, temps = args[0], args[1], args[3], args[4]
+    real_empty = torch.empty
+    made = []
+
+    def zeroed(*shape, **kwargs):
+        made.append(torch.zeros(*shape, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(torch, "empty", zeroed)
+    try:
+        ts.verify(*args, path="fused")
+    finally:
+        monkeypatch.setattr(torch, "empty", real_empty)
+    (scratch,) = [t for t in made if t.dtype == torch.float64]
+    counts = torch.diff(cu)
+    owners = torch.arange(b, device="cuda")
+    sides = [(target, torch.repeat_interleave(owners, counts + 1)), (draft, torch.repeat_interleave(owners, counts))]
+    at = len(scratch) - 4 * (len(target) + len(draft))  # both sides have 16 splits at these vocabularies
+    for name, (logits, owner) in zip(("target", "draft"), sides):
+        want = ts._Stats(logits, owner, temps.to(torch.float64), True)
+        n = len(owner)
+        got, at = scratch[at : at + 4 * n].view(4, n), at + 4 * n
+        for field, g, w in zip(("max", "log-sum", "argmax", "degenerate"), got, (want.m, want.logs, want.arg, want.bad)):
+            w = w.to(torch.float64)
+            same = (g == w) | (g.isnan() & w.isnan())
+            assert bool(same.all()), f"{name} {field}: {int((~same).sum())} of {n} rows differ"
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_far_tail():
     """262143 tail tokens each 1e-9 below the head (an fp32 draw never reaches them):
     binomial test at alpha 1e-6 that detects (power 0.99) a 40% error in the tail rate."""

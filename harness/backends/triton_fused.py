@@ -30,8 +30,8 @@ token (``suites/test_triton.py`` checks it under the interpreter). On CUDA a pro
 the staged kernels' tile (one row or request of 2048-wide tiles for V >= 2048), so the
 reductions are laid out alike; a compiler could still contract a multiply-add differently in
 the two paths, which would move a draw only when its uniform lies within an ulp of a token's
-boundary; so could the merge of split statistics, whose fp64 sum may round in another order
-on another tile layout (``_merge_splits``). The interpreter takes the largest tiles Triton allows (it pays per operation and
+boundary. On CUDA the stored final log-sums of the two paths were found apart in some rows
+(``_merge_splits``); tokens agreed in every GPU comparison so far. The interpreter takes the largest tiles Triton allows (it pays per operation and
 per program; a reduction over a row does not depend on how many rows the tile holds).
 
 Planted faults (``fault != 0``) never come here: they live in the staged kernels.

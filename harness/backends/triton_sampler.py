@@ -221,9 +221,11 @@ def _merge_splits(parts_m, parts_s, parts_arg, parts_nan, scale, FAULT: tl.const
     sum 0): the max, the sum of every split's sum rescaled to it, the argmax of the first
     split holding the max (lowest id wins ties) and the NaN flag. One reduction per field,
     not a step per split (a chain of dependent reductions on the small-batch critical path).
-    The rescaled fp32 terms add in fp64, so kernels that merge on different tile layouts (the
-    staged ``_combine_kernel``, the fused chain kernel) get the same fp32 bits unless their fp64
-    sums round apart across an fp32 rounding boundary (about 2^-29 of rows)."""
+    The rescaled fp32 terms add in fp64, so that the order of the sum, which differs between tile
+    layouts (the staged ``_combine_kernel``, the fused chain kernel), should not move the fp32
+    result. Under the interpreter the two paths store the same bits; on CUDA a test found the
+    stored log-sums apart in some rows (``test_gpu_fused_final_statistics_are_the_staged_ones``,
+    an expected failure until its cause is known)."""
     axis: tl.constexpr = len(parts_m.shape) - 1
     sp = tl.arange(0, parts_m.shape[axis])
     m = tl.max(parts_m, axis=axis)
