@@ -411,29 +411,43 @@ def test_fused_equals_staged(vocab, draft_vocab, with_draft, tiles):
         _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
 
 
+def _fused_scratch(monkeypatch, run) -> torch.Tensor:
+    """The fused path's float64 scratch after ``run()``, allocated zeroed (unwritten slots compare equal)."""
+    real_empty = torch.empty
+    made = []
+
+    def zeroed(*shape, **kwargs):
+        made.append(torch.zeros(*shape, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(torch, "empty", zeroed)
+    try:
+        run()
+    finally:
+        monkeypatch.setattr(torch, "empty", real_empty)
+    (scratch,) = [t for t in made if t.dtype == torch.float64]
+    return scratch
+
+
+def _assert_stats_equal(stored, want, label: str):
+    """Stored final statistics (``[4, n]`` float64: max, log-sum, argmax, flag) equal ``_Stats`` bit for bit."""
+    for field, got, w in zip(("max", "log-sum", "argmax", "degenerate"), stored, (want.m, want.logs, want.arg, want.bad)):
+        w = w.to(torch.float64)
+        same = (got == w) | (got.isnan() & w.isnan())
+        assert bool(same.all()), f"{label} {field}: {int((~same).sum())} of {len(w)} rows differ"
+
+
 def test_fused_final_statistics_are_the_staged_ones(monkeypatch):
     """The fused chain kernel's merge of split statistics stores the staged path's final
     statistics bit for bit (max, log-sum, argmax, degenerate flag) for every target and
     draft row: a merge that drifts moves draws only near a boundary, but moves these."""
-    real_empty = torch.empty
     for vocab, draft_vocab, with_draft, tiles in FUSED_CASES:
         block_v, splits = tiles.get("block_v"), tiles.get("splits")
         if not splits:
             continue  # one split everywhere: the stats kernel stores final statistics itself
         rng = np.random.default_rng([vocab, 7])
         batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
-        made = []
-
-        def zeroed(*args, made=made, **kwargs):
-            made.append(torch.zeros(*args, **kwargs))
-            return made[-1]
-
-        monkeypatch.setattr(torch, "empty", zeroed)
-        try:
-            _sample(batch, path="fused", **tiles)
-        finally:
-            monkeypatch.setattr(torch, "empty", real_empty)
-        (scratch,) = [t for t in made if t.dtype == torch.float64]
+        scratch = _fused_scratch(monkeypatch, lambda batch=batch, tiles=tiles: _sample(batch, path="fused", **tiles))
         t = batch.to_torch("cpu")
         counts = torch.diff(torch.as_tensor(batch.cu_num_drafts))
         temperature = t["temperature"].to(torch.float64)
@@ -450,12 +464,7 @@ def test_fused_final_statistics_are_the_staged_ones(monkeypatch):
             sides.append((t["draft_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts), d_at))
         for logits, owner, start in sides:
             want = ts._Stats(logits.to(torch.float32), owner, temperature, False, (block_v, splits))
-            n = len(owner)
-            got = scratch[start : start + 4 * n].view(4, n)
-            for name, g, w in zip(("max", "log-sum", "argmax", "degenerate"), got, (want.m, want.logs, want.arg, want.bad)):
-                w = w.to(torch.float64)
-                same = (g == w) | (g.isnan() & w.isnan())
-                assert bool(same.all()), f"V={vocab}: {name} of {int((~same).sum())} of {n} rows differs"
+            _assert_stats_equal(scratch[start : start + 4 * len(owner)].view(4, -1), want, f"V={vocab}")
 
 
 def test_mass_spans_cover_the_vocabulary_in_whole_tiles():
@@ -642,19 +651,7 @@ def test_gpu_fused_final_statistics_are_the_staged_ones(vocab, b, k, monkeypatch
     (``test_gpu_fused_equals_staged``) hide a difference of an ulp."""
     args = _device_mixed_batch(vocab, b, k, 0)
     target, draft, cu, temps = args[0], args[1], args[3], args[4]
-    real_empty = torch.empty
-    made = []
-
-    def zeroed(*shape, **kwargs):
-        made.append(torch.zeros(*shape, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(torch, "empty", zeroed)
-    try:
-        ts.verify(*args, path="fused")
-    finally:
-        monkeypatch.setattr(torch, "empty", real_empty)
-    (scratch,) = [t for t in made if t.dtype == torch.float64]
+    scratch = _fused_scratch(monkeypatch, lambda: ts.verify(*args, path="fused"))
     counts = torch.diff(cu)
     owners = torch.arange(b, device="cuda")
     sides = [(target, torch.repeat_interleave(owners, counts + 1)), (draft, torch.repeat_interleave(owners, counts))]
@@ -662,11 +659,8 @@ def test_gpu_fused_final_statistics_are_the_staged_ones(vocab, b, k, monkeypatch
     for name, (logits, owner) in zip(("target", "draft"), sides):
         want = ts._Stats(logits, owner, temps.to(torch.float64), True)
         n = len(owner)
-        got, at = scratch[at : at + 4 * n].view(4, n), at + 4 * n
-        for field, g, w in zip(("max", "log-sum", "argmax", "degenerate"), got, (want.m, want.logs, want.arg, want.bad)):
-            w = w.to(torch.float64)
-            same = (g == w) | (g.isnan() & w.isnan())
-            assert bool(same.all()), f"{name} {field}: {int((~same).sum())} of {n} rows differ"
+        _assert_stats_equal(scratch[at : at + 4 * n].view(4, n), want, name)
+        at += 4 * n
 
 
 @pytest.mark.gpu

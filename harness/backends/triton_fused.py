@@ -288,9 +288,11 @@ def _load_chain(chain, r, valid, B, INT: tl.constexpr):
 
 
 @triton.jit
-def _finalize(p_m, p_s, p_arg, p_nan, f_m, f_s, f_arg, f_nan, rows, mask, scale, NSPLIT: tl.constexpr):
-    """Merge the ``NSPLIT`` partials of ``rows`` (``_merge_splits``, as ``_combine_kernel``)
-    and store their final statistics as ``_store_final`` does."""
+def _finalize(partials, size, f_m, f_s, f_arg, f_nan, rows, mask, scale, NSPLIT: tl.constexpr):
+    """Merge the ``NSPLIT`` partials of ``rows`` (the four arrays of ``size`` at ``partials``;
+    ``_merge_splits``, as ``_combine_kernel``) and store their final statistics as
+    ``_store_final`` does."""
+    p_m, p_s, p_arg, p_nan = _stats_at(partials, size)
     axis: tl.constexpr = len(rows.shape)
     sp = tl.arange(0, triton.next_power_of_2(NSPLIT))
     part = tl.expand_dims(rows * NSPLIT, axis) + sp
@@ -339,28 +341,13 @@ def _fused_chain_kernel(
     ks = tl.arange(0, KP).to(tl.int64)[None, :]
     scale = (_inv_temperature(temp) * _LOG2E)[:, None]
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
-    if T_NSPLIT > 1:
-        p_m, p_s, p_arg, p_nan = _stats_at(scratch, t_size)
-        _finalize(
-            p_m,
-            p_s,
-            p_arg,
-            p_nan,
-            t_m,
-            t_s,
-            t_arg,
-            t_nan,
-            (start + r)[:, None] + ks,
-            valid[:, None] & (ks <= cnt[:, None]),
-            scale,
-            T_NSPLIT,
-        )
+    if T_NSPLIT > 1:  # target rows 0..cnt (the bonus row too), draft rows 0..cnt-1
+        rows, mask = (start + r)[:, None] + ks, valid[:, None] & (ks <= cnt[:, None])
+        _finalize(scratch, t_size, t_m, t_s, t_arg, t_nan, rows, mask, scale, T_NSPLIT)
     if HAS_DRAFT:
         if D_NSPLIT > 1:
-            p_m, p_s, p_arg, p_nan = _stats_at(scratch + d_off, d_size)
-            _finalize(
-                p_m, p_s, p_arg, p_nan, d_m, d_s, d_arg, d_nan, start[:, None] + ks, valid[:, None] & (ks < cnt[:, None]), scale, D_NSPLIT
-            )
+            rows, mask = start[:, None] + ks, valid[:, None] & (ks < cnt[:, None])
+            _finalize(scratch + d_off, d_size, d_m, d_s, d_arg, d_nan, rows, mask, scale, D_NSPLIT)
     tl.debug_barrier()
     _, n, rejected, n_eff, rhos = _chain(
         t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan,

@@ -876,11 +876,9 @@ def takes_fused_path(
     faults (``fault != 0``) always take the staged path: they are planted in its kernels."""
     if path not in PATHS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
-    if fault != 0 or path != "auto":
-        return fault == 0 and path == "fused"
-    if fused_max_requests is not None or not cuda:
-        return num_requests <= (FUSED_MAX_REQUESTS if fused_max_requests is None else fused_max_requests)
-    return num_requests * vocab <= FUSED_MAX_LOGITS_CUDA
+    if fused_max_requests is None:
+        fused_max_requests = FUSED_MAX_LOGITS_CUDA // max(vocab, 1) if cuda else FUSED_MAX_REQUESTS
+    return fault == 0 and (path == "fused" or (path == "auto" and num_requests <= fused_max_requests))
 
 
 def verify(
