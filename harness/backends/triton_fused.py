@@ -24,15 +24,15 @@ one float64 scratch) and no host synchronization:
    ``u * total`` (``_pick_kernel``'s algorithm), and every output slot (-1 past the emitted
    count, so the outputs need no fill).
 
-The tiles, the order of every reduction and the noise (``_uniform`` keyed by (seed,
-position, stream)) are the staged path's, so the outputs are the staged path's token for
-token (``suites/test_triton.py`` checks it under the interpreter). On CUDA a program holds
-the staged kernels' tile (one row or request of 2048-wide tiles for V >= 2048), so the
-reductions are laid out alike; a compiler could still contract a multiply-add differently in
-the two paths, which would move a draw only when its uniform lies within an ulp of a token's
-boundary. On CUDA the stored final log-sums of the two paths were found apart in some rows
-(``_merge_splits``); tokens agreed in every GPU comparison so far. The interpreter takes the largest tiles Triton allows (it pays per operation and
-per program; a reduction over a row does not depend on how many rows the tile holds).
+The tiles, the reductions and the noise (``_uniform`` keyed by (seed, position, stream)) are
+the staged path's, so the outputs are the staged path's token for token. The row statistics'
+sums are exact (``_fixed_sum``), so they have the same bits whatever register layout Triton
+gives each kernel's tiles (it differs: beside a bf16 draft tile, the fused kernel's fp32
+target tile is laid out like the draft's). The draw masses are fp64 sums, whose order moves
+a token only when its uniform lies within about 1e-16 of a boundary. ``suites/test_triton.py``
+compares tokens and final statistics bit for bit, under the interpreter and on CUDA. The
+interpreter takes the largest tiles Triton allows (it pays per operation and per program; a
+reduction over a row does not depend on how many rows the tile holds).
 
 Planted faults (``fault != 0``) never come here: they live in the staged kernels.
 """
@@ -536,6 +536,11 @@ def _mass_split_len(request_blocks: int, n_tiles: int, split_len: int, block_v: 
     return tiles * block_v
 
 
+def _on_cuda(tensor) -> bool:
+    """Whether to plan CUDA tiles and grids (``suites/test_triton_layouts.py`` plans them on a CPU machine)."""
+    return tensor.device.type == "cuda"
+
+
 def verify_fused(
     target_logits, draft_logits, draft_tokens, cu_num_drafts, temperature, seeds, positions, methods,
     synthetic_rates, max_drafts: int, *, has_strict: bool = True, has_block: bool = True, has_synthetic: bool = True,
@@ -544,7 +549,7 @@ def verify_fused(
     """``triton_sampler.verify``'s contract (the same outputs) in four launches, three
     allocations and no host synchronization. ``has_*`` only prune code, as there."""
     dev = target_logits.device
-    cuda = dev.type == "cuda"
+    cuda = _on_cuda(target_logits)
     b = cu_num_drafts.numel() - 1
     k = int(max_drafts)
     tokens = torch.empty((b, k + 1), dtype=torch.int64, device=dev)

@@ -1,0 +1,155 @@
+"""The fused kernels as Triton compiles them for an H100 (sm_90), on the CPU machine.
+
+Triton picks a register layout per tile. Twice (issue 3, session 14) a change made it lay a
+2048-wide vocabulary tile out a second way and convert between the two: a shared-memory
+round trip per tile and 16,000 lines of PTX instead of 1,600, found only by timing on a GPU.
+These tests plan the fused path's CUDA launches (tiles, grids, arguments) for a few batches,
+compile each kernel for sm_90 with the argument specialization Triton's JIT would use (the
+bundled compiler; no GPU), and fail where a tile as wide as a vocabulary tile changes layout.
+The interpreter, which the rest of the CPU suite runs, has no layouts, so the compiles run
+in a child process without it (this file is its script).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the Triton backend needs torch")
+triton = pytest.importorskip("triton", reason="the Triton backend needs triton")
+
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from harness.backends import triton_fused as tf  # noqa: E402
+
+_ROOT = Path(__file__).resolve().parents[1]
+
+_SM90 = GPUTarget("cuda", 90, 32)
+_POINTER = {
+    torch.float32: "*fp32",
+    torch.float64: "*fp64",
+    torch.bfloat16: "*bf16",
+    torch.int64: "*i64",
+    torch.int32: "*i32",
+    torch.int8: "*i8",
+}
+_WIDE = 1024  # a tile at least this wide along one axis is a vocabulary tile (2048 on CUDA)
+# Known and cheap: the draw's exclusion mask (``_tile_weights``: ``resid & (cols == excl)``), a
+# 2048-bit tile that Triton 3.8 computes in another layout than the weights it masks.
+_KNOWN_WIDE_CHANGES = {"_fused_pick_kernel": 1}
+
+
+def _ttgir_sm90(fn, args, num_warps: int) -> str:
+    """``fn`` compiled for sm_90 as the JIT specializes ``args``: constexprs, None and ints
+    equal to 1 as constants; tensors 16-byte aligned (CUDA allocations are); ints that are
+    multiples of 16 marked so, unless the parameter is ``do_not_specialize``."""
+    signature, constants, attrs = {}, {}, {}
+    for i, (param, a) in enumerate(zip(fn.params, args, strict=True)):
+        specialized = not param.do_not_specialize
+        if param.is_constexpr or a is None or (type(a) is int and a == 1 and specialized):
+            signature[param.name], constants[param.name] = "constexpr", a
+        elif isinstance(a, torch.Tensor):
+            signature[param.name], attrs[(i,)] = _POINTER[a.dtype], [["tt.divisibility", 16]]
+        elif isinstance(a, bool):
+            signature[param.name] = "i1"
+        elif isinstance(a, int):
+            signature[param.name] = "i32" if -(2**31) <= a < 2**31 else "i64"
+            if a % 16 == 0 and specialized:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[param.name] = "fp32"
+    compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=_SM90, options={"num_warps": num_warps})
+    return compiled.asm["ttgir"]
+
+
+def _wide_layout_changes(ttgir: str) -> list[str]:
+    """``convert_layout`` ops on a tensor with an axis of at least ``_WIDE`` elements."""
+    changes = []
+    for line in re.findall(r"ttg\.convert_layout[^\n]*", ttgir):
+        shape = re.search(r"tensor<((?:\d+x)+)", line)
+        if shape and max(int(d) for d in shape.group(1).rstrip("x").split("x")) >= _WIDE:
+            changes.append(re.sub(r"\s*loc\(.*", "", line))
+    return changes
+
+
+def _cuda_launches(b: int, k: int, vocab: int, with_draft: bool) -> list:
+    """The fused path's launches (kernel, arguments, options) for a batch of ``b`` requests of
+    ``k`` drafts each, planned as on CUDA, every method present, nothing run."""
+    launches = []
+    on_cuda, launch = tf._on_cuda, tf.launch
+    tf._on_cuda = lambda tensor: True
+    tf.launch = lambda fn, grid, *args, **options: launches.append((fn, args, options))
+    i64 = dict(dtype=torch.int64)
+    try:
+        tf.verify_fused(
+            torch.zeros(b * (k + 1), vocab),
+            torch.zeros(b * k, vocab, dtype=torch.bfloat16) if with_draft else None,
+            torch.zeros(b * k, **i64),
+            torch.arange(b + 1, **i64) * k,
+            torch.ones(b, dtype=torch.float64),
+            torch.zeros(b, **i64),
+            torch.zeros(b * (k + 1), **i64),
+            torch.zeros(b, dtype=torch.int8),
+            torch.zeros(b, k, dtype=torch.float64),
+            k,
+        )
+    finally:
+        tf._on_cuda, tf.launch = on_cuda, launch
+    return launches
+
+
+def _layout_changes(case: list) -> dict:
+    """Per compiled kernel, its wide layout changes: the fused kernels of batch ``case`` (b, k,
+    vocab, with_draft), or ``_transposed_store`` for ``["known-bad"]``."""
+    if case == ["known-bad"]:
+        launches = [(_transposed_store, (torch.zeros(8192), torch.zeros(8192), 2048), {})]
+    else:
+        launches = _cuda_launches(*case)
+    return {fn.__name__: _wide_layout_changes(_ttgir_sm90(fn, args, options.get("num_warps", 4))) for fn, args, options in launches}
+
+
+def _compiled_in_child(case: list) -> dict:
+    """``_layout_changes(case)`` in a child process without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, __file__, json.dumps(case)], cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"the sm_90 compile of {case} failed:\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@triton.jit
+def _transposed_store(src, dst, WIDTH: tl.constexpr):
+    """A known layout change of a [4, WIDTH] tile (read row-major, stored transposed)."""
+    ids = tl.arange(0, WIDTH)
+    tile = tl.load(src + ids[:, None] * 4 + tl.arange(0, 4)[None, :])
+    tl.store(dst + ids[None, :] + tl.arange(0, 4)[:, None] * WIDTH, tl.trans(tile))
+
+
+def test_the_detector_sees_a_wide_layout_change():
+    """The check below can fail: a kernel known to convert a [4, 2048] tile is flagged."""
+    assert _compiled_in_child(["known-bad"])["_transposed_store"], "no layout change found: the detector proves nothing"
+
+
+@pytest.mark.parametrize(
+    "b,k,vocab,with_draft",
+    [(1, 1, 32000, True), (64, 4, 131072, True), (3, 8, 152064, False)],
+    ids=["B1-K1-V32000", "B64-K4-V131072", "B3-K8-V152064-no-draft"],
+)
+def test_fused_kernels_keep_one_layout_per_vocabulary_tile(b, k, vocab, with_draft):
+    """Every fused kernel (statistics, chain, masses, pick; strict, block and synthetic code
+    included) compiles for sm_90 without changing the layout of a vocabulary-wide tile, but
+    for the known mask (``_KNOWN_WIDE_CHANGES``)."""
+    changes = _compiled_in_child([b, k, vocab, with_draft])
+    assert list(changes) == ["_fused_stats_kernel", "_fused_chain_kernel", "_fused_mass_kernel", "_fused_pick_kernel"]
+    new = {name: found for name, found in changes.items() if len(found) > _KNOWN_WIDE_CHANGES.get(name, 0)}
+    assert not new, f"vocabulary tiles change layout: {new}"
+
+
+if __name__ == "__main__":
+    print(json.dumps(_layout_changes(json.loads(sys.argv[1]))))
