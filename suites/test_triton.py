@@ -429,9 +429,24 @@ def _fused_scratch(monkeypatch, run) -> torch.Tensor:
     return scratch
 
 
-def _assert_stats_equal(stored, want, label: str):
-    """Stored final statistics (``[4, n]`` float64: max, log-sum, argmax, flag) equal ``_Stats`` bit for bit."""
+# Two fp32 sums of the same row in different orders (CUDA tiles, V <= 262,144): each within 64 u
+# of the exact sum (u = 2**-24; a term passes at most 16 in-thread, 5 warp and 2 cross-warp adds
+# in its 2048-wide tile, at most 8 running-sum steps of a multiply and an add, and the merge's
+# rounding: 40 roundings), and each log rounds once: |log-sum difference| <= 128 u + 2 ulps.
+_ORDER_SLACK = 128 * 2.0**-24
+
+
+def _assert_stats_equal(stored, want, label: str, log_sum_order_bound: bool = False):
+    """Stored final statistics (``[4, n]`` float64: max, log-sum, argmax, flag) equal ``_Stats``
+    bit for bit; with ``log_sum_order_bound`` the log-sums within ``_ORDER_SLACK`` + 2 ulps."""
     for field, got, w in zip(("max", "log-sum", "argmax", "degenerate"), stored, (want.m, want.logs, want.arg, want.bad)):
+        if field == "log-sum" and log_sum_order_bound:
+            ulp = (torch.nextafter(w, torch.full_like(w, math.inf)) - w).to(torch.float64)
+            w = w.to(torch.float64)
+            same = ((got - w).abs() <= _ORDER_SLACK + 2 * ulp) | (got.isnan() & w.isnan()) | (got == w)
+            worst = float(torch.where(same, 0.0, (got - w).abs()).nan_to_num(math.inf).max()) if len(w) else 0.0
+            assert bool(same.all()), f"{label} log-sum: {int((~same).sum())} of {len(w)} rows past the order bound (worst {worst:.3g})"
+            continue
         w = w.to(torch.float64)
         same = (got == w) | (got.isnan() & w.isnan())
         assert bool(same.all()), f"{label} {field}: {int((~same).sum())} of {len(w)} rows differ"
@@ -465,28 +480,6 @@ def test_fused_final_statistics_are_the_staged_ones(monkeypatch):
         for logits, owner, start in sides:
             want = ts._Stats(logits.to(torch.float32), owner, temperature, False, (block_v, splits))
             _assert_stats_equal(scratch[start : start + 4 * len(owner)].view(4, -1), want, f"V={vocab}")
-
-
-def test_row_statistics_do_not_depend_on_the_order_within_a_tile():
-    """A tile's terms add exactly (``_fixed_sum``): shuffling the logits inside every tile
-    leaves each row's max and log-sum the same bits, split or not, NaN and masked rows included.
-    A float sum adds in the order of the register layout Triton picks per kernel (on CUDA it
-    differs between the fused and staged kernels), and numpy's pairwise sum moves with it."""
-    rng = np.random.default_rng(11)
-    vocab, block_v = 4096, 1024
-    logits = torch.from_numpy(rng.normal(0.0, 4.0, (6, vocab)).astype(np.float32))
-    logits[1, 100:] = -math.inf
-    logits[2, 5] = math.nan
-    logits[3] = -math.inf
-    perm = torch.from_numpy(np.concatenate([t * block_v + rng.permutation(block_v) for t in range(vocab // block_v)]))
-    owner = torch.arange(6)
-    temperature = torch.tensor([1.0, 0.5, 2.0, 1.0, 0.0, 0.3], dtype=torch.float64)
-    for splits in (1, 2):
-        plain = ts._Stats(logits, owner, temperature, False, (block_v, splits))
-        shuffled = ts._Stats(logits[:, perm].contiguous(), owner, temperature, False, (block_v, splits))
-        for field in ("m", "logs", "bad"):
-            torch.testing.assert_close(getattr(shuffled, field), getattr(plain, field), rtol=0, atol=0, equal_nan=True)
-        assert torch.equal(perm[shuffled.arg.long()][plain.bad == 0], plain.arg.long()[plain.bad == 0])
 
 
 def test_mass_spans_cover_the_vocabulary_in_whole_tiles():
@@ -662,10 +655,11 @@ def test_gpu_fused_equals_staged(vocab, b, k):
 @pytest.mark.parametrize("vocab,b,k", [(152064, 3, 4), (131072, 64, 8)])
 def test_gpu_fused_final_statistics_are_the_staged_ones(vocab, b, k, monkeypatch):
     """On CUDA the fused chain kernel's merged final statistics of every target and draft row
-    are the staged path's bit for bit (max, log-sum, argmax, degenerate flag): equal tokens
-    (``test_gpu_fused_equals_staged``) hide a difference of an ulp. With float tile sums the
-    log-sums were 1-4 ulps apart (Triton lays the fused kernel's fp32 target tile out like
-    its bf16 draft tile, so the adds ran in another order); ``_fixed_sum`` adds exactly."""
+    are the staged path's: max, argmax and degenerate flag bit for bit, the log-sum within the
+    bound of two fp32 summation orders (``_ORDER_SLACK``). Triton lays the fused kernel's fp32
+    target tile out like its bf16 draft tile, so its tile sums add in another order than the
+    staged kernel's (1-4 ulps apart on an H100, the merges equal); a wrong merge or a dropped
+    split moves a log-sum by that split's share of the mass, far past the bound."""
     args = _device_mixed_batch(vocab, b, k, 0)
     target, draft, cu, temps = args[0], args[1], args[3], args[4]
     scratch = _fused_scratch(monkeypatch, lambda: ts.verify(*args, path="fused"))
@@ -676,7 +670,7 @@ def test_gpu_fused_final_statistics_are_the_staged_ones(vocab, b, k, monkeypatch
     for name, (logits, owner) in zip(("target", "draft"), sides):
         want = ts._Stats(logits, owner, temps.to(torch.float64), True)
         n = len(owner)
-        _assert_stats_equal(scratch[at : at + 4 * n].view(4, n), want, name)
+        _assert_stats_equal(scratch[at : at + 4 * n].view(4, n), want, name, log_sum_order_bound=True)
         at += 4 * n
 
 

@@ -139,37 +139,21 @@ def _inv_temperature(temp):
     return tl.minimum(1.0 / safe, _MAX_INV_T).to(tl.float32)
 
 
-# Fixed-point units of the exact sums (``_fixed_sum``): a tile row sums at most 2**16 terms
-# of at most 1, a merge at most V <= 2**22 (its splits' sums): both stay below 2**62.
-_TILE_UNIT = tl.constexpr(2.0**46)
-_MERGE_UNIT = tl.constexpr(2.0**40)
-
-
-@triton.jit
-def _fixed_sum(x, axis: tl.constexpr, UNIT: tl.constexpr):
-    """fp32 sum along ``axis`` of non-negative fp32 ``x``, added exactly in int64 fixed point
-    (each term truncated to a multiple of 1 / UNIT). Integer adds give the same bits in any
-    order; a float ``tl.sum`` adds in the order of the register layout Triton picks per kernel,
-    which differs between the staged and fused kernels (an fp32 target tile is laid out 8
-    lanes per thread beside a bf16 draft, 4 alone): their log-sums were 1-4 ulps apart."""
-    return tl.sum((x * UNIT).to(tl.int64), axis=axis).to(tl.float32) * (1.0 / UNIT)
-
-
 @triton.jit
 def _stats_step(a, m, s, best, start, scale, FAULT: tl.constexpr):
     """Fold one tile into the running max ``m``, rescaled sum ``s`` and max's tile ``best``.
-    The tile's terms add exactly (``_fixed_sum``). A NaN (or +inf, an input error) logit makes
-    ``s`` NaN: it counts as +inf in the tile's max, so no second reduction looks for it."""
-    tile_max = tl.max(tl.where(a == a, a, float("inf")), axis=1)
-    clean = tile_max < float("inf")
+    The tile's fp32 sum adds in the order of the register layout Triton gives the tile, which
+    is the kernel's choice (beside a bf16 draft tile, an fp32 target tile is laid out 8 ids
+    per thread, alone 4): the fused and staged kernels' sums can differ in the last bits.
+    Exact int64 fixed-point sums removed that, but cost 4-8% of the statistics pass's
+    bandwidth on an H100 (benchmarks/RESULTS.md, issue 3, session 15)."""
+    tile_max = tl.max(a, axis=1)
     if FAULT == _GREEDY_TIE_HIGHEST:
         best = tl.where(tile_max >= m, start, best)
     else:
         best = tl.where(tile_max > m, start, best)  # strict: the first tile holding the max
-    new_m = tl.where(clean, tl.maximum(m, tile_max), m)
-    terms = tl.exp2((a - new_m[:, None]) * scale[:, None])
-    tile_s = _fixed_sum(tl.where(terms == terms, terms, 0.0), 1, _TILE_UNIT)
-    s = s * tl.exp2((m - new_m) * scale) + tl.where(clean, tile_s, float("nan"))
+    new_m = tl.maximum(m, tile_max)
+    s = s * tl.exp2((m - new_m) * scale) + tl.sum(tl.exp2((a - new_m[:, None]) * scale[:, None]), axis=1)
     return new_m, s, best
 
 
@@ -239,15 +223,16 @@ def _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad,
 @triton.jit
 def _merge_splits(parts_m, parts_s, parts_arg, parts_nan, scale, FAULT: tl.constexpr):
     """Merge per-split statistics along the last axis (a split past the last: max _LOWEST,
-    sum 0): the max, the sum of every split's sum rescaled to it (exactly: ``_fixed_sum``), the
-    argmax of the first split holding the max (lowest id wins ties) and the NaN flag. One
-    reduction per field, not a step per split (a chain of dependent reductions on the
-    small-batch critical path)."""
+    sum 0): the max, the sum of every split's sum rescaled to it, the argmax of the first
+    split holding the max (lowest id wins ties) and the NaN flag. One reduction per field,
+    not a step per split (a chain of dependent reductions on the small-batch critical path).
+    The rescaled fp32 terms add in fp64: on an H100 the staged ``_combine_kernel`` and the fused
+    chain kernel gave the same bits from the same partials (benchmarks/RESULTS.md, session 15)."""
     axis: tl.constexpr = len(parts_m.shape) - 1
     sp = tl.arange(0, parts_m.shape[axis])
     m = tl.max(parts_m, axis=axis)
     terms = parts_s * tl.exp2((parts_m - tl.expand_dims(m, axis)) * tl.expand_dims(scale, axis))
-    s = _fixed_sum(tl.where(terms == terms, terms, 0.0), axis, _MERGE_UNIT)  # a NaN split is flagged below
+    s = tl.sum(terms.to(tl.float64), axis=axis).to(tl.float32)
     hit = (parts_m == tl.expand_dims(m, axis)) & (parts_s > 0)
     if FAULT == _GREEDY_TIE_HIGHEST:
         first = tl.max(tl.where(hit, sp, -1), axis=axis)
