@@ -48,7 +48,7 @@ TURN = ("turn",)  # a worker's message: its turn starts, and its scenarios' time
 WAITING = ("waiting",)  # a worker's message while another worker holds the device
 WAIT_BEAT = 1.0  # seconds between WAITING messages (a quarter of the timeout if that is shorter)
 TURN_SECONDS = 3.0  # a streaming turn takes no new item after this long (each turn restarts a stream)
-CALL_BYTES_PER_LOGIT = 20  # device memory one call may take beyond a stream's share, per logit of its budget
+CALL_BYTES_PER_LOGIT = 10  # device memory one call may take beyond a stream's share, per logit of its budget
 TURN_PAUSE = 0.005  # after its turn a worker waits this long, so a waiting one takes the device
 
 
@@ -171,9 +171,10 @@ def _hands_on_early(device: str, time_backend: bool, profile: Profile) -> bool:
     call's time may include another worker's work). On a GPU, only while the memory free on
     it (every process counted) holds what the next worker may take before this one is done:
     a stream's share (``runner.STREAM_MEMORY_SHARE``) and one call beyond it, at
-    ``CALL_BYTES_PER_LOGIT`` (vLLM MRV2 held up to 19 GB past its stream's share at the
-    ``gpu`` profile's 2^30 logits, session 12: reserved memory, an upper bound of what it
-    needs; no out-of-memory error in two runs of two MRV2 workers in turns, 3,700 scenarios).
+    ``CALL_BYTES_PER_LOGIT``. A whole scenario of the ``gpu`` profile (2^30 logits a call),
+    its inputs included, allocated at most 9.7 bytes per logit with vLLM MRV2 and 6.7 with
+    triton (H100, session 15). It reserved up to 3x that, but torch's caching allocator
+    returns its cached blocks and retries before it fails, so allocated bytes are the need.
     Otherwise this worker returns its cache and hands the turn on once its items are done."""
     if time_backend:
         return False
