@@ -430,9 +430,9 @@ def _fused_scratch(monkeypatch, run) -> torch.Tensor:
 
 
 # Two fp32 sums of the same row in different orders (CUDA tiles, V <= 262,144): each within 64 u
-# of the exact sum (u = 2**-24; a term passes at most 16 in-thread, 5 warp and 2 cross-warp adds
+# of the exact sum (u = 2**-24; a term passes at most 15 in-thread, 5 warp and 2 cross-warp adds
 # in its 2048-wide tile, at most 8 running-sum steps of a multiply and an add, and the merge's
-# rounding: 40 roundings), and each log rounds once: |log-sum difference| <= 128 u + 2 ulps.
+# two roundings: at most 41), and each log rounds once: |log-sum difference| <= 128 u + 2 ulps.
 _ORDER_SLACK = 128 * 2.0**-24
 
 
@@ -441,7 +441,7 @@ def _assert_stats_equal(stored, want, label: str, log_sum_order_bound: bool = Fa
     bit for bit; with ``log_sum_order_bound`` the log-sums within ``_ORDER_SLACK`` + 2 ulps."""
     for field, got, w in zip(("max", "log-sum", "argmax", "degenerate"), stored, (want.m, want.logs, want.arg, want.bad)):
         if field == "log-sum" and log_sum_order_bound:
-            ulp = (torch.nextafter(w, torch.full_like(w, math.inf)) - w).to(torch.float64)
+            ulp = torch.where(w.isfinite(), torch.nextafter(w, torch.full_like(w, math.inf)) - w, 0.0).to(torch.float64)
             w = w.to(torch.float64)
             same = ((got - w).abs() <= _ORDER_SLACK + 2 * ulp) | (got.isnan() & w.isnan()) | (got == w)
             worst = float(torch.where(same, 0.0, (got - w).abs()).nan_to_num(math.inf).max()) if len(w) else 0.0
@@ -658,7 +658,7 @@ def test_gpu_fused_final_statistics_are_the_staged_ones(vocab, b, k, monkeypatch
     are the staged path's: max, argmax and degenerate flag bit for bit, the log-sum within the
     bound of two fp32 summation orders (``_ORDER_SLACK``). Triton lays the fused kernel's fp32
     target tile out like its bf16 draft tile, so its tile sums add in another order than the
-    staged kernel's (1-4 ulps apart on an H100, the merges equal); a wrong merge or a dropped
+    staged kernel's (final log-sums 1-3 ulps apart on an H100, the merges equal); a wrong merge or a dropped
     split moves a log-sum by that split's share of the mass, far past the bound."""
     args = _device_mixed_batch(vocab, b, k, 0)
     target, draft, cu, temps = args[0], args[1], args[3], args[4]

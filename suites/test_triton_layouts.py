@@ -1,4 +1,4 @@
-"""The fused kernels as Triton compiles them for an H100 (sm_90), on the CPU machine.
+"""The fused kernels as this machine's Triton compiles them for an H100 (sm_90), on the CPU machine.
 
 Triton picks a register layout per tile. Twice (issue 3, session 14) a change made it lay a
 2048-wide vocabulary tile out a second way and convert between the two: a shared-memory
@@ -7,7 +7,8 @@ These tests plan the fused path's CUDA launches (tiles, grids, arguments) for a 
 compile each kernel for sm_90 with the argument specialization Triton's JIT would use (the
 bundled compiler; no GPU), and fail where a tile as wide as a vocabulary tile changes layout.
 The interpreter, which the rest of the CPU suite runs, has no layouts, so the compiles run
-in a child process without it (this file is its script).
+in a child process without it (this file is its script). The layouts are the installed
+Triton's (3.8 in CI); the GPU machines ran 3.6, whose layouts may differ.
 """
 
 import json
@@ -42,7 +43,7 @@ _POINTER = {
 _WIDE = 1024  # a tile at least this wide along one axis is a vocabulary tile (2048 on CUDA)
 # Known and cheap: the draw's exclusion mask (``_tile_weights``: ``resid & (cols == excl)``), a
 # 2048-bit tile that Triton 3.8 computes in another layout than the weights it masks.
-_KNOWN_WIDE_CHANGES = {"_fused_pick_kernel": 1}
+_KNOWN_WIDE_CHANGE = re.compile(r"tensor<1x2048xi1,")
 
 
 def _ttgir_sm90(fn, args, num_warps: int) -> str:
@@ -118,9 +119,13 @@ def _compiled_in_child(case: list) -> dict:
     """``_layout_changes(case)`` in a child process without the interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, __file__, json.dumps(case)], cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"the sm_90 compile of {case} failed:\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout.splitlines()[-1])
+    try:
+        done = subprocess.run([sys.executable, __file__, json.dumps(case)], cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the sm_90 compile of {case} took over 600 s")
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines, f"the sm_90 compile of {case} failed:\n{done.stdout[-1000:]}\n{done.stderr[-3000:]}"
+    return json.loads(lines[-1])
 
 
 @triton.jit
@@ -144,10 +149,11 @@ def test_the_detector_sees_a_wide_layout_change():
 def test_fused_kernels_keep_one_layout_per_vocabulary_tile(b, k, vocab, with_draft):
     """Every fused kernel (statistics, chain, masses, pick; strict, block and synthetic code
     included) compiles for sm_90 without changing the layout of a vocabulary-wide tile, but
-    for the known mask (``_KNOWN_WIDE_CHANGES``)."""
+    for the known mask (``_KNOWN_WIDE_CHANGE``, a 2048-wide boolean tile)."""
     changes = _compiled_in_child([b, k, vocab, with_draft])
     assert list(changes) == ["_fused_stats_kernel", "_fused_chain_kernel", "_fused_mass_kernel", "_fused_pick_kernel"]
-    new = {name: found for name, found in changes.items() if len(found) > _KNOWN_WIDE_CHANGES.get(name, 0)}
+    new = {name: [c for c in found if not _KNOWN_WIDE_CHANGE.search(c)] for name, found in changes.items()}
+    new = {name: found for name, found in new.items() if found}
     assert not new, f"vocabulary tiles change layout: {new}"
 
 

@@ -27,10 +27,11 @@ one float64 scratch) and no host synchronization:
 The tiles, the reductions and the noise (``_uniform`` keyed by (seed, position, stream)) are
 the staged path's, so under the interpreter the outputs are the staged path's token for token
 and the final statistics bit for bit. On CUDA Triton lays a kernel's tiles out by what the
-kernel loads: beside the bf16 draft tile, the fused statistics kernel's fp32 target tile is
-laid out like the draft's, so its fp32 tile sums add in another order than the staged
-kernel's. The target log-sums were 1-4 ulps apart on an H100 (the merges gave equal bits
-from equal partials). A draw moves only when its uniform lies within such an ulp of a
+kernel loads: with bf16 draft logits and fp32 target logits (the GPU tests, bench_kernels),
+the fused statistics kernel's fp32 target tile is laid out like the draft's (seen compiling
+with Triton 3.8), so its fp32 tile sums add in another order than the staged kernel's. On an
+H100 (Triton 3.6) the per-split sums were 1-4 ulps apart and the final log-sums 1-3 ulps in
+some rows; the merges gave equal bits from equal partials. A draw moves only when its uniform lies within such an ulp of a
 token's boundary (about 1e-7 of draws); tokens agreed in every GPU comparison.
 ``suites/test_triton.py`` checks tokens on both devices, the final statistics bit for bit
 under the interpreter and within a summation-order bound on CUDA. The interpreter takes the

@@ -143,10 +143,10 @@ def _inv_temperature(temp):
 def _stats_step(a, m, s, best, start, scale, FAULT: tl.constexpr):
     """Fold one tile into the running max ``m``, rescaled sum ``s`` and max's tile ``best``.
     The tile's fp32 sum adds in the order of the register layout Triton gives the tile, which
-    is the kernel's choice (beside a bf16 draft tile, an fp32 target tile is laid out 8 ids
-    per thread, alone 4): the fused and staged kernels' sums can differ in the last bits.
-    Exact int64 fixed-point sums removed that, but cost 4-8% of the statistics pass's
-    bandwidth on an H100 (benchmarks/RESULTS.md, issue 3, session 15)."""
+    is the kernel's choice (Triton 3.8 for sm_90: beside a bf16 draft tile, an fp32 target tile
+    is laid out 8 ids per thread, alone 4): the fused and staged kernels' sums can differ in
+    the last bits. Exact int64 fixed-point sums removed that on an H100 (Triton 3.6), but made
+    a call 4-8% slower at K = 4-8, B = 256-1024 (benchmarks/RESULTS.md, issue 3, session 15)."""
     tile_max = tl.max(a, axis=1)
     if FAULT == _GREEDY_TIE_HIGHEST:
         best = tl.where(tile_max >= m, start, best)
