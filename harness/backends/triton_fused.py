@@ -293,9 +293,8 @@ def _load_chain(chain, r, valid, B, INT: tl.constexpr):
 
 @triton.jit
 def _finalize(partials, size, f_m, f_s, f_arg, f_nan, rows, mask, scale, NSPLIT: tl.constexpr):
-    """Merge the ``NSPLIT`` partials of ``rows`` (the four arrays of ``size`` at ``partials``;
-    ``_merge_splits``, as ``_combine_kernel``) and store their final statistics as
-    ``_store_final`` does."""
+    """Merge the ``NSPLIT`` partials of ``rows`` (the four arrays of ``size`` at ``partials``)
+    and store their final statistics, as ``_combine_kernel`` does."""
     p_m, p_s, p_arg, p_nan = _stats_at(partials, size)
     axis: tl.constexpr = len(rows.shape)
     sp = tl.arange(0, triton.next_power_of_2(NSPLIT))
@@ -309,11 +308,7 @@ def _finalize(partials, size, f_m, f_s, f_arg, f_nan, rows, mask, scale, NSPLIT:
         scale + tl.zeros(rows.shape, tl.float32),
         0,
     )
-    bad = (nan != 0) | (s == 0)
-    tl.store(f_m + rows, m, mask=mask)
-    tl.store(f_s + rows, tl.log(s), mask=mask)
-    tl.store(f_arg + rows, tl.where(bad, 0, arg), mask=mask)
-    tl.store(f_nan + rows, bad.to(tl.int32), mask=mask)
+    _store_final(rows, mask, m, s, arg, nan, f_m, f_s, f_arg, f_nan, 0)
 
 
 @triton.jit
