@@ -411,6 +411,38 @@ def test_fused_equals_staged(vocab, draft_vocab, with_draft, tiles):
         _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
 
 
+def test_fused_pick_in_a_kernel_of_its_own_equals_staged(monkeypatch):
+    """Above ``_PICK_IN_MASS_MAX_BLOCKS`` request blocks (large batches on CUDA) the fused path
+    picks in a fourth kernel: the same tokens (the interpreter's one block picks in the mass kernel)."""
+    monkeypatch.setattr(tf, "_PICK_IN_MASS_MAX_BLOCKS", 0)
+    for vocab, draft_vocab, with_draft, tiles in FUSED_CASES[:4]:
+        rng = np.random.default_rng([vocab, 13])
+        batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
+        _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
+
+
+def test_fused_reads_only_what_it_wrote(monkeypatch):
+    """With its float64 scratch allocated full of NaN, the fused path still gives the staged
+    path's outputs: no kernel reads a slot no earlier kernel wrote (a request's last target
+    row has no statistics; its draws, greedy and degenerate decisions come from its tiles)."""
+    real_empty = torch.empty
+
+    def poisoned(*shape, **kwargs):
+        out = real_empty(*shape, **kwargs)
+        return out.fill_(math.nan) if out.dtype == torch.float64 else out
+
+    for vocab, draft_vocab, with_draft, tiles in FUSED_CASES[:4]:
+        rng = np.random.default_rng([vocab, 11])
+        batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
+        staged = _sample(batch, path="staged", **tiles)
+        monkeypatch.setattr(torch, "empty", poisoned)
+        try:
+            fused = _sample(batch, path="fused", **tiles)
+        finally:
+            monkeypatch.setattr(torch, "empty", real_empty)
+        _assert_same(fused, staged, batch)
+
+
 def _fused_scratch(monkeypatch, run) -> torch.Tensor:
     """The fused path's float64 scratch after ``run()``, allocated zeroed (unwritten slots compare equal)."""
     real_empty = torch.empty
@@ -436,10 +468,13 @@ def _fused_scratch(monkeypatch, run) -> torch.Tensor:
 _ORDER_SLACK = 128 * 2.0**-24
 
 
-def _assert_stats_equal(stored, want, label: str, log_sum_order_bound: bool = False):
+def _assert_stats_equal(stored, want, label: str, log_sum_order_bound: bool = False, rows=None):
     """Stored final statistics (``[4, n]`` float64: max, log-sum, argmax, flag) equal ``_Stats``
-    bit for bit; with ``log_sum_order_bound`` the log-sums within ``_ORDER_SLACK`` + 2 ulps."""
-    for field, got, w in zip(("max", "log-sum", "argmax", "degenerate"), stored, (want.m, want.logs, want.arg, want.bad)):
+    bit for bit in ``rows`` (default all); with ``log_sum_order_bound`` the log-sums within
+    ``_ORDER_SLACK`` + 2 ulps."""
+    rows = slice(None) if rows is None else rows
+    for field, got, w in zip(("max", "log-sum", "argmax", "degenerate"), stored[:, rows], (want.m, want.logs, want.arg, want.bad)):
+        w = w[rows]
         if field == "log-sum" and log_sum_order_bound:
             ulp = torch.where(w.isfinite(), torch.nextafter(w, torch.full_like(w, math.inf)) - w, 0.0).to(torch.float64)
             w = w.to(torch.float64)
@@ -452,10 +487,19 @@ def _assert_stats_equal(stored, want, label: str, log_sum_order_bound: bool = Fa
         assert bool(same.all()), f"{label} {field}: {int((~same).sum())} of {len(w)} rows differ"
 
 
+def _rows_with_drafts(counts):
+    """Target rows 0..count-1 of each request (ragged ``counts``): the rows the fused path
+    keeps statistics of (a request's last row has none, ``_fused_stats_kernel``)."""
+    owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts + 1)
+    first = torch.cumsum(counts + 1, 0) - (counts + 1)
+    return torch.arange(len(owner), device=counts.device) - first[owner] < counts[owner]
+
+
 def test_fused_final_statistics_are_the_staged_ones(monkeypatch):
     """The fused chain kernel's merge of split statistics stores the staged path's final
-    statistics bit for bit (max, log-sum, argmax, degenerate flag) for every target and
-    draft row: a merge that drifts moves draws only near a boundary, but moves these."""
+    statistics bit for bit (max, log-sum, argmax, degenerate flag) for every draft row and
+    every target row but a request's last: a merge that drifts moves draws only near a
+    boundary, but moves these."""
     for vocab, draft_vocab, with_draft, tiles in FUSED_CASES:
         block_v, splits = tiles.get("block_v"), tiles.get("splits")
         if not splits:
@@ -466,20 +510,20 @@ def test_fused_final_statistics_are_the_staged_ones(monkeypatch):
         t = batch.to_torch("cpu")
         counts = torch.diff(torch.as_tensor(batch.cu_num_drafts))
         temperature = t["temperature"].to(torch.float64)
-        # Final statistics: the chain kernel's (after everything else) for a side of several
+        # Final statistics: the chain kernel's (before the mass counters) for a side of several
         # splits, else the stats kernel's own (target at 0, draft after the target's partials).
         n_t, n_d = len(batch.target_logits), len(batch.draft_tokens) if with_draft else 0
         t_split = ts._tiles(vocab, False, block_v, splits)[2]
         d_split = ts._tiles(draft_vocab, False, block_v, splits)[2] if with_draft else 1
-        at = len(scratch) - 4 * (n_t * (t_split > 1) + n_d * (d_split > 1))
+        at = len(scratch) - len(counts) - 4 * (n_t * (t_split > 1) + n_d * (d_split > 1))  # before the counters
         t_at = at if t_split > 1 else 0
         d_at = at + 4 * n_t * (t_split > 1) if d_split > 1 else 4 * n_t * t_split
-        sides = [(t["target_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts + 1), t_at)]
+        sides = [(t["target_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts + 1), t_at, _rows_with_drafts(counts))]
         if with_draft:
-            sides.append((t["draft_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts), d_at))
-        for logits, owner, start in sides:
+            sides.append((t["draft_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts), d_at, None))
+        for logits, owner, start, rows in sides:
             want = ts._Stats(logits.to(torch.float32), owner, temperature, False, (block_v, splits))
-            _assert_stats_equal(scratch[start : start + 4 * len(owner)].view(4, -1), want, f"V={vocab}")
+            _assert_stats_equal(scratch[start : start + 4 * len(owner)].view(4, -1), want, f"V={vocab}", rows=rows)
 
 
 def test_mass_spans_cover_the_vocabulary_in_whole_tiles():
@@ -503,8 +547,8 @@ def test_path_dispatch():
     assert ts.takes_fused_path("auto", 10, fused_max_requests=10) and not ts.takes_fused_path("auto", 11, fused_max_requests=10)
     assert ts.takes_fused_path("fused", 10**6) and not ts.takes_fused_path("staged", 1)
     assert not ts.takes_fused_path("fused", 1, fault=3) and not ts.takes_fused_path("auto", 1, fault=3)
-    # CUDA: logits per row position (2,097 requests at V = 32000, 512 at 131072, 256 at 262,144)
-    for b, v in ((2097, 32000), (512, 131072), (256, 262144)):
+    # CUDA: logits per row position (8,388 requests at V = 32000, 2,048 at 131072, 1,024 at 262,144)
+    for b, v in ((8388, 32000), (2048, 131072), (1024, 262144)):
         assert ts.takes_fused_path("auto", b, cuda=True, vocab=v) and not ts.takes_fused_path("auto", b + 1, cuda=True, vocab=v)
     with pytest.raises(ValueError, match="path"):
         ts.TritonBackend(path="fast")
@@ -654,8 +698,8 @@ def test_gpu_fused_equals_staged(vocab, b, k):
 @gpu
 @pytest.mark.parametrize("vocab,b,k", [(152064, 3, 4), (131072, 64, 8)])
 def test_gpu_fused_final_statistics_are_the_staged_ones(vocab, b, k, monkeypatch):
-    """On CUDA the fused chain kernel's merged final statistics of every target and draft row
-    are the staged path's: max, argmax and degenerate flag bit for bit, the log-sum within the
+    """On CUDA the fused chain kernel's merged final statistics of every draft row and every
+    target row but a request's last are the staged path's: max, argmax and degenerate flag bit for bit, the log-sum within the
     bound of two fp32 summation orders (``_ORDER_SLACK``). Triton lays the fused kernel's fp32
     target tile out like its bf16 draft tile, so its tile sums add in another order than the
     staged kernel's (final log-sums 1-3 ulps apart on an H100, the merges equal); a wrong merge or a dropped
@@ -665,12 +709,15 @@ def test_gpu_fused_final_statistics_are_the_staged_ones(vocab, b, k, monkeypatch
     scratch = _fused_scratch(monkeypatch, lambda: ts.verify(*args, path="fused"))
     counts = torch.diff(cu)
     owners = torch.arange(b, device="cuda")
-    sides = [(target, torch.repeat_interleave(owners, counts + 1)), (draft, torch.repeat_interleave(owners, counts))]
-    at = len(scratch) - 4 * (len(target) + len(draft))  # both sides have 16 splits at these vocabularies
-    for name, (logits, owner) in zip(("target", "draft"), sides):
+    sides = [
+        (target, torch.repeat_interleave(owners, counts + 1), _rows_with_drafts(counts)),
+        (draft, torch.repeat_interleave(owners, counts), None),
+    ]
+    at = len(scratch) - b - 4 * (len(target) + len(draft))  # 16 splits each side; the counters last
+    for name, (logits, owner, rows) in zip(("target", "draft"), sides):
         want = ts._Stats(logits, owner, temps.to(torch.float64), True)
         n = len(owner)
-        _assert_stats_equal(scratch[at : at + 4 * n].view(4, n), want, name, log_sum_order_bound=True)
+        _assert_stats_equal(scratch[at : at + 4 * n].view(4, n), want, name, log_sum_order_bound=True, rows=rows)
         at += 4 * n
 
 

@@ -3,26 +3,31 @@
 The staged pipeline of ``harness.backends.triton_sampler`` launches up to ten kernels per
 call (row statistics and their merge for target and draft, owners, chain, strict draws,
 block masses and stop, draw masses and pick) and allocates a dozen tensors. This path does
-the same work for every method in four launches, three allocations (outputs and
+the same work for every method in three or four launches, three allocations (outputs and
 one float64 scratch) and no host synchronization:
 
 1. ``_fused_stats_kernel``, grid ((request, step) blocks, target and draft splits): target
-   row k or draft row k of request r over one split, by the staged path's own tile loop
-   (``_stats_step``, ``_store_final``): final statistics when the vocabulary is one split,
-   per-split partials otherwise.
+   row k or draft row k (k < the request's draft count) of request r over one split, by the
+   staged path's own tile loop (``_stats_step``, ``_store_final``): final statistics when
+   the vocabulary is one split, per-split partials otherwise. A request's last target row
+   (the bonus row) gets none: only a draw from the target row uses it, and such a draw
+   weighs each tile relative to the tile's own max (``_tile_weights``), so it reads that row
+   once, in the mass kernel, instead of twice.
 2. ``_fused_chain_kernel``, grid (request blocks): merges the split partials of every row
    of its requests into final statistics (``_merge_splits``, as ``_combine_kernel``: once per
    row, so no later kernel merges), decides every step of the acceptance chain at once
    (standard, greedy, synthetic) and block verification's running ratios, and writes them.
 3. ``_fused_mass_kernel``, grid (request blocks, spans of tiles): sums over each tile of its
    span the weights of every draw its requests may need: the residual or bonus row of a
-   chain request, every row up to the first placeholder of a strict or block request. At
-   small batches the tiles are spread over more programs than the statistics' splits
-   (``_mass_split_len``).
-4. ``_fused_pick_kernel``, grid (request blocks): strict requests' own target samples (stream
-   TARGET), block verification's stop, the final draw by inverse CDF inside the tile holding
-   ``u * total`` (``_pick_kernel``'s algorithm), and every output slot (-1 past the emitted
-   count, so the outputs need no fill).
+   chain request, every row up to the first placeholder of a strict or block request (a
+   target-row draw: each tile's sum relative to its max, and the max). At small batches the
+   tiles are spread over more programs than the statistics' splits (``_mass_split_len``).
+4. ``_pick`` (in the last mass program of each request block to finish, up to
+   ``_PICK_IN_MASS_MAX_BLOCKS`` blocks; else ``_fused_pick_kernel``, grid (request blocks)):
+   strict requests' own target samples (stream TARGET), block verification's stop, the
+   final draw by inverse CDF inside the tile holding ``u * total`` (``_pick_kernel``'s
+   algorithm), and every output slot (-1 past the emitted count, so the outputs need no
+   fill). A bonus row's max, degenerate flag and argmax (greedy) come from its tile maxima.
 
 The tiles, the reductions and the noise (``_uniform`` keyed by (seed, position, stream)) are
 the staged path's, so under the interpreter the outputs are the staged path's token for token
@@ -58,8 +63,10 @@ from harness.backends.triton_sampler import (
     _SYNTHETIC,
     _TARGET,
     TritonBackend,
+    _draw_from_masses,
     _draw_from_tiles,
     _inv_temperature,
+    _job_tile_masses,
     _merge_splits,
     _split_tile_masses,
     _stats_step,
@@ -231,28 +238,30 @@ def _job(
 # --- kernels --------------------------------------------------------------------------------------
 # Batch sizes and scratch offsets are not specialized on (== 1, divisible by 16): every new batch
 # shape would compile the kernels again (the GPU suite's fuzzing spent minutes compiling).
-_STATS_COUNTS = ["K", "B", "t_size", "d_off", "d_size"]
-_COUNTS = _STATS_COUNTS + ["m_off", "m_size", "c_off", "n_tiles"]
+_STATS_COUNTS = ["KS", "B", "t_size", "d_off", "d_size"]
+_COUNTS = ["K", "B", "t_size", "d_off", "d_size", "m_off", "m_size", "c_off", "n_tiles"]
 
 
 @triton.jit(do_not_specialize=_STATS_COUNTS)
 def _fused_stats_kernel(
-    t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, K, B, scratch, t_size, d_off, d_size,
+    t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, KS, B, scratch, t_size, d_off, d_size,
     t_split_len, d_split_len, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """Target row k (programs ``split < T_NSPLIT``) or draft row k (the next ``D_NSPLIT``) of
-    request r over one vocabulary split, one (r, k) per lane: at small batches the programs
-    run side by side instead of reading a target and a draft split one after the other."""
+    request r over one vocabulary split, one (r, k < max(K, 1)) per lane: at small batches the
+    programs run side by side instead of reading a target and a draft split one after the
+    other. A request's last target row (k = its draft count) gets no statistics: only a draw
+    from the target row uses it, and that draw needs none (``_tile_weights``)."""
     lane = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     split = tl.program_id(1)
-    r = lane // (K + 1)
-    k = lane % (K + 1)
+    r = lane // KS
+    k = lane % KS
     valid = r < B
     start = tl.load(cu + r, mask=valid, other=0)
     cnt = tl.load(cu + r + 1, mask=valid, other=0) - start
     scale = _inv_temperature(tl.load(temperature + r, mask=valid, other=1.0)) * _LOG2E
-    t_valid = valid & (k <= cnt)
+    t_valid = valid & (k < cnt)
     if split < T_NSPLIT:
         if tl.max(t_valid.to(tl.int32), axis=0) > 0:
             t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
@@ -330,18 +339,18 @@ def _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT: tl.constexpr, D_NSP
 @triton.jit(do_not_specialize=_COUNTS)
 def _fused_chain_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
-    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, k_off, tokens, emitted,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    BLOCK_V: tl.constexpr, PICK: tl.constexpr,
 ):  # fmt: skip
     """Final statistics of every row of its requests (merged splits), then the chain."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
     ks = tl.arange(0, KP).to(tl.int64)[None, :]
     scale = (_inv_temperature(temp) * _LOG2E)[:, None]
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
-    if T_NSPLIT > 1:  # target rows 0..cnt (the bonus row too), draft rows 0..cnt-1
-        rows, mask = (start + r)[:, None] + ks, valid[:, None] & (ks <= cnt[:, None])
+    if T_NSPLIT > 1:  # target and draft rows 0..cnt-1 (the last target row has no statistics)
+        rows, mask = (start + r)[:, None] + ks, valid[:, None] & (ks < cnt[:, None])
         _finalize(scratch, t_size, t_m, t_s, t_arg, t_nan, rows, mask, scale, T_NSPLIT)
     if HAS_DRAFT:
         if D_NSPLIT > 1:
@@ -354,15 +363,17 @@ def _fused_chain_kernel(
         HAS_DRAFT, HAS_SYNTH, HAS_BLOCK, KP,
     )  # fmt: skip
     _store_chain(scratch + c_off, r, valid, n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
+    if PICK:
+        tl.store(scratch + k_off + tl.program_id(0), 0.0)  # the mass kernel's counter of this block
 
 
 @triton.jit(do_not_specialize=_COUNTS)
 def _fused_mass_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
-    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, k_off, tokens, emitted,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    BLOCK_V: tl.constexpr, PICK: tl.constexpr,
 ):  # fmt: skip
     """Every draw's weight sums over this program's span of tiles (``split_len`` ids), after
     the chain ``_fused_chain_kernel`` decided: the final row of chain requests (if not a point
@@ -387,14 +398,17 @@ def _fused_mass_kernel(
     for i in range(0, tl.max(count, axis=0)):
         slot = first + i
         trow = start + r + slot
-        m, logs, _, bad = _final_stats(t_m, t_s, t_arg, t_nan, trow, i < count)
-        act = (i < count) & ~(greedy | bad)  # a point-mass row needs no draw
+        m, logs, _, bad = _final_stats(t_m, t_s, t_arg, t_nan, trow, (i < count) & (slot < cnt))
         rho = rho_chain
         if HAS_BLOCK:
             # One ratio per lane, not the [lanes, KP] tile: from a loaded tile Triton laid the
             # draw tile out a row per thread (16,000 lines of PTX, a shared-memory round trip).
             rho_slot = tl.load(scratch + c_off + 3 * B + r * (K + 1) + slot, mask=blk & (slot < n_eff), other=0.0)
             rho = tl.where(blk, tl.where(slot == n_eff, -1.0, rho_slot.to(tl.float32)), rho_chain)
+        # A point-mass row needs no draw. The request's last job, when it draws from the target
+        # row, may be on its last row (no statistics): the pick decides from its tiles, greedy too.
+        tiles_decide = (i == count - 1) & (rho < 0)
+        act = (i < count) & (tiles_decide | ~(greedy | bad))
         j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
             d_m, d_s, d_arg, d_nan, drafts, trow, start + slot, m, logs, rho, act, scale, HAS_DRAFT
         )
@@ -404,6 +418,17 @@ def _fused_mass_kernel(
             j_active, j_resid, j_use_draft, j_excl, act, split, split_len, mass_w + at, mass_w + m_size + at,
             HAS_DRAFT, 0, BLOCK_V,
         )  # fmt: skip
+    if PICK:
+        # The last of this request block's mass programs picks its tokens (no fifth launch). The
+        # barrier puts every thread's stores before the counter's release (Triton's layer-norm
+        # tutorial's lock); the acquire puts the other programs' stores before the pick's loads.
+        tl.debug_barrier()
+        if tl.atomic_add(scratch + k_off + tl.program_id(0), 1.0, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+            _pick(
+                t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, K, B, scratch, t_size, d_off, d_size,
+                m_off, m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method,
+                n.to(tl.int32), rejected, n_eff.to(tl.int32), HAS_DRAFT, HAS_STRICT, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP, NT, BLOCK_V,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -426,22 +451,20 @@ def _draw(
     return token
 
 
-@triton.jit(do_not_specialize=_COUNTS)
-def _fused_pick_kernel(
-    t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
-    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, tokens, emitted,
-    HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
-    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+@triton.jit
+def _pick(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, K, B, scratch, t_size, d_off, d_size, m_off,
+    m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method, n, rejected, n_eff,
+    HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_BLOCK: tl.constexpr, T_NSPLIT: tl.constexpr,
+    D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """Strict requests' target samples, block verification's stop, the final draw and every
-    output slot, from the chain as ``_fused_chain_kernel`` wrote it."""
-    r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    output slot of the requests ``r``, from the chain (``n``, ``rejected``, ``n_eff`` int32) as
+    ``_fused_chain_kernel`` decided it and the masses of ``_fused_mass_kernel``."""
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
     ks = tl.arange(0, KP)[None, :]
     x = tl.load(drafts + start[:, None] + ks, mask=valid[:, None] & (ks < cnt[:, None]), other=-1)
     chain = scratch + c_off
-    n, rejected, n_eff = _load_chain(chain, r, valid, B, tl.int32)
     greedy = temp == 0
     inv_t = _inv_temperature(temp)
     scale = inv_t * _LOG2E
@@ -503,14 +526,35 @@ def _fused_pick_kernel(
         fin = tl.where(blk, stop, fin)
         rho_stop = tl.load(chain + 3 * B + r * (K + 1) + stop, mask=blk, other=1.0).to(tl.float32)
         rho_fin = tl.where(blk, tl.where(stop == n_eff, -1.0, rho_stop), rho_fin)
-    m, logs, pt, bad = _final_stats(t_m, t_s, t_arg, t_nan, row0 + fin, valid)
+    # The emitted token. A draw from the target row may be on the request's last row, which has
+    # no statistics: its max, degenerate flag and argmax come from the mass kernel's tiles (the
+    # staged path's final statistics exactly: a max and a first index do not depend on the order).
+    # The masses load beside the statistics, not after them: a point-mass row's slots (never
+    # written) are read but not used.
+    from_tiles = valid & (rho_fin < 0) & ~strict_rejected
+    row = row0 + fin
+    may_draw = valid & ~strict_rejected
+    m, logs, pt, bad = _final_stats(t_m, t_s, t_arg, t_nan, row, valid & ~from_tiles)
+    j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
+        d_m, d_s, d_arg, d_nan, drafts, row, start + fin, m, logs, rho_fin, may_draw, scale, HAS_DRAFT
+    )
+    at = (r * (K + 1) + fin) * n_tiles
+    tiles, use_w, row_m, tiles_bad, first = _job_tile_masses(mass_w + at, mass_w + m_size + at, n_tiles, may_draw, j_resid, j_scale, NT)
+    bad = tl.where(from_tiles, tiles_bad, bad)
+    greedy_tiles = from_tiles & greedy & ~tiles_bad
+    if tl.max(greedy_tiles.to(tl.int32), axis=0) > 0:  # the lowest id holding the max, in the first tile holding it
+        cols = tl.where(greedy_tiles, first, 0)[:, None] * BLOCK_V + tl.arange(0, BLOCK_V)[None, :]
+        a = tl.load(t_logits + row.to(tl.int64)[:, None] * t_stride + cols, mask=greedy_tiles[:, None] & (cols < V), other=float("-inf"))
+        tiles_arg = tl.min(tl.where(a.to(tl.float32) == row_m[:, None], cols, _NO_ID), axis=1)
+        pt = tl.where(greedy_tiles, tiles_arg.to(tl.int64), pt)
+    pt = tl.where(from_tiles & tiles_bad, 0, pt)  # a degenerate row's token, as _store_final's
     token = tl.where(strict_rejected, strict_token, pt)
-    draw = valid & ~(greedy | bad | strict_rejected)
+    draw = may_draw & ~(greedy | bad)
     if tl.max(draw.to(tl.int32), axis=0) > 0:
-        drawn = _draw(
-            t_logits, t_stride, V, d_logits, d_stride, Vd, d_m, d_s, d_arg, d_nan, drafts,
-            positions, mass_w, m_size, r, start, row0 + fin, fin, m, logs, rho_fin, draw, scale, seed, K, n_tiles,
-            _RESIDUAL, HAS_DRAFT, NT, BLOCK_V,
+        u = _uniform(seed, tl.load(positions + row, mask=draw, other=0), _RESIDUAL)
+        drawn = _draw_from_masses(
+            t_logits, t_stride, V, d_logits, d_stride, Vd, j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho,
+            j_active, j_resid, j_use_draft, j_excl, tiles, use_w, u, HAS_DRAFT, 0, BLOCK_V,
         )  # fmt: skip
         token = tl.where(draw, drawn, token)
     out = tl.where(ks < fin[:, None], x, tl.where(ks == fin[:, None], token[:, None], -1))
@@ -518,10 +562,33 @@ def _fused_pick_kernel(
     tl.store(emitted + r, fin + 1, mask=valid)
 
 
+@triton.jit(do_not_specialize=_COUNTS)
+def _fused_pick_kernel(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, k_off, tokens, emitted,
+    HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
+    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr, PICK: tl.constexpr,
+):  # fmt: skip
+    """``_pick`` as a kernel of its own (where the mass kernel does not pick)."""
+    r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    n, rejected, n_eff = _load_chain(scratch + c_off, r, valid, B, tl.int32)
+    _pick(
+        t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, K, B, scratch, t_size, d_off, d_size, m_off,
+        m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method, n, rejected, n_eff,
+        HAS_DRAFT, HAS_STRICT, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP, NT, BLOCK_V,
+    )  # fmt: skip
+
+
 # --- host side ----------------------------------------------------------------------------------
 _CPU_TILE = 1 << 20  # elements per tile in the interpreter: Triton's largest tensor
 _CUDA_REQUESTS = 64  # most requests per program of the chain kernels on CUDA (the staged chain's)
 _MASS_PROGRAMS = 256  # mass programs a call spreads its tiles over, about (measured, H100)
+# Up to this many request blocks, the last mass program of each block picks its tokens (no
+# fourth launch; 0.1-0.9 us less at B = 1 on an H100). Above, the pick's registers cost the
+# mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 (benchmarks/RESULTS.md,
+# issue 3, session 16). The tokens are the same either way.
+_PICK_IN_MASS_MAX_BLOCKS = 8
 
 
 def _mass_split_len(request_blocks: int, n_tiles: int, split_len: int, block_v: int) -> int:
@@ -545,7 +612,7 @@ def verify_fused(
     synthetic_rates, max_drafts: int, *, has_strict: bool = True, has_block: bool = True, has_synthetic: bool = True,
     block_v: int | None = None, splits: int | None = None,
 ):  # fmt: skip
-    """``triton_sampler.verify``'s contract (the same outputs) in four launches, three
+    """``triton_sampler.verify``'s contract (the same outputs) in three or four launches, three
     allocations and no host synchronization. ``has_*`` only prune code, as there."""
     dev = target_logits.device
     cuda = _on_cuda(target_logits)
@@ -572,14 +639,16 @@ def verify_fused(
     c_off = m_off + 2 * m_size
     f_off = c_off + b * (k + 4)  # final statistics where the vocabulary has several splits
     f_size = 4 * n_t * (t_nsplit > 1) + 4 * n_d * (d_nsplit > 1)
-    scratch = torch.empty(f_off + f_size, dtype=torch.float64, device=dev)
+    k_off = f_off + f_size  # the mass kernel's counters, one per request block (at most b)
+    scratch = torch.empty(k_off + b, dtype=torch.float64, device=dev)
     temperature = temperature.to(torch.float64)
     # CUDA: the staged path's tiles (one (request, step) per program for V >= 2048). The
     # interpreter pays per element of a tile, valid or not: no more lanes than needed.
-    lanes = block_r if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b * (k + 1)))
+    ks = max(k, 1)  # statistics lanes per request: rows 0..k-1 (the last target row needs none)
+    lanes = block_r if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b * ks))
     launch(
-        _fused_stats_kernel, (cdiv(b * (k + 1), lanes), t_nsplit + (d_nsplit if has_draft else 0)),
-        target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, k, b,
+        _fused_stats_kernel, (cdiv(b * ks, lanes), t_nsplit + (d_nsplit if has_draft else 0)),
+        target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, ks, b,
         scratch, t_size, d_off, d_size, t_split_len, d_split_len, has_draft, t_nsplit, d_nsplit, lanes, t_block_v, d_block_v,
         num_warps=4,
     )  # fmt: skip
@@ -588,10 +657,11 @@ def verify_fused(
     # staged chain kernel holds (Triton 3.6 took 6 min to compile [1024 lanes, 16 steps] tiles).
     lanes = min(block_r, _CUDA_REQUESTS) if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b))
     mass_split_len = _mass_split_len(cdiv(b, lanes), n_tiles, t_split_len, t_block_v)
+    pick_in_mass = cdiv(b, lanes) <= _PICK_IN_MASS_MAX_BLOCKS
     args = (
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature,
         seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
-        scratch, t_size, d_off, d_size, m_off, m_size, c_off, mass_split_len, n_tiles, f_off,
+        scratch, t_size, d_off, d_size, m_off, m_size, c_off, mass_split_len, n_tiles, f_off, k_off, tokens, emitted,
     )  # fmt: skip
     # Steps padded to a power of two, at least 2 (a masked step costs nothing): Triton 3.6
     # failed on a [lanes, 1] step tile before the step indices were int64.
@@ -608,10 +678,12 @@ def verify_fused(
         _tile_masses_width(n_tiles, lanes, cuda),
         lanes,
         t_block_v,
+        pick_in_mass,
     )
     launch(_fused_chain_kernel, (cdiv(b, lanes),), *args, *flags, num_warps=4)
     launch(_fused_mass_kernel, (cdiv(b, lanes), cdiv(vocab, mass_split_len)), *args, *flags, num_warps=4)
-    launch(_fused_pick_kernel, (cdiv(b, lanes),), *args, tokens, emitted, *flags, num_warps=4)
+    if not pick_in_mass:
+        launch(_fused_pick_kernel, (cdiv(b, lanes),), *args, *flags, num_warps=4)
     return tokens, emitted
 
 

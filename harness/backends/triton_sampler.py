@@ -19,7 +19,9 @@ launches a fixed pipeline with no host synchronization:
    sums the weights per vocabulary tile (programs per split); the second picks the tile
    holding ``u * total`` from those sums and scans only that tile with fp64 running sums.
    ``u`` has 52 random bits, so a token 1e-12 below the total is drawn at its rate (vLLM #43150 starved tokens
-   below fp32's 2**-24). An empty residual falls back to the target row.
+   below fp32's 2**-24). An empty residual falls back to the target row. A draw from the
+   target row weighs each tile relative to its own max and rescales the tile sums to the
+   row's max (``_target_tile_masses``): it needs no row statistics.
 
 All noise is a counter-based Philox draw keyed by (seed, position, stream): a request's
 output depends on its own inputs only, and tiles depend on the vocabulary alone.
@@ -27,7 +29,7 @@ output depends on its own inputs only, and tiles depend on the vocabulary alone.
 Conventions follow ``reference`` (block verification's running ratio stays 0 once 0:
 ``0 * inf = 0``, as ``reference.rules.block_step``).
 
-The fused path (``harness.backends.triton_fused``) gives the same outputs in four launches;
+The fused path (``harness.backends.triton_fused``) gives the same outputs in three or four launches;
 ``path`` chooses, and the default takes it up to a batch size per vocabulary (``takes_fused_path``).
 """
 
@@ -319,11 +321,18 @@ def _tile_weights(
     t_logits, t_stride, d_logits, d_stride, d_width, trow, drow, m, logs2, dm, dlogs2, scale,
     rho, active, resid, use_draft, excl, cols, in_range, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr, SCAN: tl.constexpr,
 ):  # fmt: skip
-    """Target probabilities ``t`` and job weights ``w`` of a [rows, cols] tile (0 off-row).
-    ``scale`` is log2(e) / T and ``logs2`` the row's log2 normalizer: p = 2**((a - m) scale - logs2).
-    ``SCAN``: the draw's final scan (where the unclamped-residual fault lives)."""
-    a = tl.load(t_logits + trow.to(tl.int64) * t_stride + cols, mask=active & in_range, other=float("-inf"))
-    t = tl.exp2((a.to(tl.float32) - m) * scale - logs2)
+    """Target weights ``t``, job weights ``w`` of a [rows, cols] tile (0 off-row) and each row's
+    tile max (``_LOWEST`` for an empty tile). ``scale`` is log2(e) / T. A residual row
+    (``resid``) weighs normalized probabilities, ``logs2`` being the row's log2 normalizer: p =
+    2**((a - m) scale - logs2). A target-row draw weighs relative to the tile's own max,
+    2**((a - tile max) scale): it needs no row statistics (the fused path has none for a
+    request's last row) and its tile masses are rescaled to the row's max when drawn
+    (``_target_tile_masses``). ``SCAN``: the draw's final scan (where the unclamped-residual fault lives)."""
+    a = tl.load(t_logits + trow.to(tl.int64) * t_stride + cols, mask=active & in_range, other=float("-inf")).to(tl.float32)
+    tile_m = tl.zeros_like(m)
+    if tl.max((active & ~resid).to(tl.int32)) > 0:  # the max only where a target-row draw needs it
+        tile_m = tl.maximum(tl.max(a, axis=1), _LOWEST)[:, None]
+    t = tl.exp2((a - tl.where(resid, m, tile_m)) * scale - tl.where(resid, logs2, 0.0))
     q = tl.zeros_like(t)
     if HAS_DRAFT:
         dmask = use_draft & in_range & (cols < d_width)
@@ -337,7 +346,7 @@ def _tile_weights(
     if FAULT == _UNCLAMPED_RESIDUAL:
         if SCAN:
             w = tl.where(resid, rho * t - q, t)
-    return tl.where(resid & (cols == excl), 0.0, w), t
+    return tl.where(resid & (cols == excl), 0.0, w), t, tile_m
 
 
 @triton.jit
@@ -385,20 +394,24 @@ def _split_tile_masses(
     use_draft, excl, mask, split, split_len, out_w, out_t, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """Each job's weight sum and target-row sum over every tile of one split, into ``out_w`` /
-    ``out_t`` (each lane's first tile). Summed in fp64: a token 1e-12 below its tile mates keeps
-    its exact slice of the CDF (in fp32 its weight would vanish from the tile's mass and shift
-    the slices after it)."""
+    """Each job's weight sum over every tile of one split into ``out_w``, and into ``out_t``
+    the residual's target-row sum (its fallback when the residual is empty) or a target-row
+    draw's tile max (``_tile_weights``; each lane's first tile). Summed in fp64: a token 1e-12
+    below its tile mates keeps its exact slice of the CDF (in fp32 its weight would vanish from
+    the tile's mass and shift the slices after it)."""
     lo = split * split_len
     hi = tl.minimum(lo + split_len, V)
     for start in range(lo, hi, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)[None, :]
-        w, t = _tile_weights(
+        w, t, tile_m = _tile_weights(
             t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
             rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
         )  # fmt: skip
         tl.store(out_w + start // BLOCK_V, tl.sum(w.to(tl.float64), axis=1), mask=mask)
-        tl.store(out_t + start // BLOCK_V, tl.sum(t.to(tl.float64), axis=1), mask=mask)
+        second = tile_m.to(tl.float64)
+        if tl.max(resid.to(tl.int32)) > 0:  # the target sum only where a residual needs it
+            second = tl.where(resid, tl.sum(t.to(tl.float64), axis=1)[:, None], second)
+        tl.store(out_t + start // BLOCK_V, tl.sum(second, axis=1), mask=mask)
 
 
 @triton.jit
@@ -420,15 +433,32 @@ def _tile_masses(mass, n_tiles, mask, NT: tl.constexpr):
 
 
 @triton.jit
+def _target_tile_masses(sums, maxima, n_tiles, scale):
+    """A target-row draw's tile masses ([lanes, NT] fp64, 0 past ``n_tiles``) from each tile's
+    weight sum relative to its own max: sum * 2**((tile max - row max) * scale) (``scale``
+    [lanes, 1]). Also each lane's row max, whether the row is degenerate (a NaN, or no
+    finite logit: ``_store_final``'s flag), and the first tile holding the max (the argmax's)."""
+    idx = tl.arange(0, sums.shape[1])[None, :]
+    live = idx < n_tiles
+    tile_m = tl.where(live, maxima, _LOWEST).to(tl.float32)
+    row_m = tl.max(tile_m, axis=1)
+    factor = tl.exp2((tile_m - row_m[:, None]) * scale).to(tl.float64)
+    masses = tl.where(live, sums * factor, 0.0)
+    bad = (tl.max((sums != sums).to(tl.int32), axis=1) != 0) | (tl.sum(masses, axis=1) == 0)
+    first = tl.min(tl.where(live & (tile_m == row_m[:, None]) & (sums > 0), idx, _NO_ID), axis=1)
+    return masses, row_m, bad, first
+
+
+@triton.jit
 def _choose_tile(mass, threshold):
     """The first tile whose running mass ([lanes, NT]) passes ``threshold`` ([lanes]), and the
     fraction of that tile's mass still below it. Rounding past the total: the last tile of
-    positive mass, fraction 1."""
+    positive mass, fraction 1 (no such tile, as in a degenerate row nobody keeps: tile 0)."""
     idx = tl.arange(0, mass.shape[1])[None, :]
     running = tl.cumsum(mass, axis=1)
     first = tl.min(tl.where((mass > 0) & (running > threshold[:, None]), idx, _NO_ID), axis=1)
     found = first != _NO_ID
-    tile = tl.where(found, first, tl.max(tl.where(mass > 0, idx, -1), axis=1))
+    tile = tl.maximum(tl.where(found, first, tl.max(tl.where(mass > 0, idx, -1), axis=1)), 0)
     at = idx == tile[:, None]
     mass_at = tl.sum(tl.where(at, mass, 0.0), axis=1)
     below = tl.sum(tl.where(at, running, 0.0), axis=1) - mass_at
@@ -445,13 +475,13 @@ def _draw_in_tile(
     token whose fp64 running weight passes ``frac`` of the tile's own fp64 weight. Returns
     the token (int64); the tile's last positive token when rounding runs past its end."""
     cols = lo + tl.arange(0, BLOCK_V)[None, :]
-    w, _ = _tile_weights(
+    w, _, _ = _tile_weights(
         t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
         rho, active, weigh, use_draft, excl, cols, cols < V, HAS_DRAFT, FAULT, False,
     )  # fmt: skip
     scan = w
     if FAULT == _UNCLAMPED_RESIDUAL:
-        scan, _ = _tile_weights(
+        scan, _, _ = _tile_weights(
             t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
             rho, active, weigh, use_draft, excl, cols, cols < V, HAS_DRAFT, FAULT, True,
         )  # fmt: skip
@@ -463,26 +493,50 @@ def _draw_in_tile(
 
 
 @triton.jit
+def _job_tile_masses(mass_w, mass_t, n_tiles, act, resid, scale, NT: tl.constexpr):
+    """The tile masses a job draws from, one job per lane (``mass_w`` / ``mass_t``: each lane's
+    ``n_tiles`` sums as ``_split_tile_masses`` stored them): a residual's, the target row's
+    where the residual is empty, a target-row draw's rescaled to its row max
+    (``_target_tile_masses``). Returns them with whether the residual had weight, and the
+    target row's max, degenerate flag and first tile holding the max."""
+    tile_w = _tile_masses(mass_w, n_tiles, act, NT)
+    second = _tile_masses(mass_t, n_tiles, act, NT)
+    use_w = tl.sum(tile_w, axis=1) > 0  # else the residual is empty: fall back to the target row
+    target, row_m, bad, first = _target_tile_masses(tile_w, second, n_tiles, scale)
+    return tl.where(resid, tl.where(use_w[:, None], tile_w, second), target), use_w, row_m, bad, first
+
+
+@triton.jit
+def _draw_from_masses(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
+    use_draft, excl, tiles, use_w, u, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Inverse CDF in two steps, one job per lane, from its tile masses (``_job_tile_masses``):
+    the tile whose running mass passes ``u * total``, then, inside it, the first id whose fp64
+    running sum passes the same fraction of the tile's own fp64 sum. Returns the token (int64)."""
+    threshold = u * tl.sum(tiles, axis=1)
+    if FAULT == _RESIDUAL_NOT_NORMALIZED:
+        threshold = tl.where(tl.max(resid.to(tl.int32), axis=1) != 0, u, threshold)
+    tile, frac = _choose_tile(tiles, threshold)
+    return _draw_in_tile(
+        t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
+        resid & use_w[:, None], use_draft, excl, (tile * BLOCK_V)[:, None], frac, HAS_DRAFT, FAULT, BLOCK_V,
+    )  # fmt: skip
+
+
+@triton.jit
 def _draw_from_tiles(
     t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
     use_draft, excl, act, mass_w, mass_t, u, n_tiles, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr, NT: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """Inverse CDF in two steps, one job per lane (``mass_w`` / ``mass_t``: each lane's
-    ``n_tiles`` tile masses): the tile whose running mass passes ``u * total``, then, inside
-    it, the first id whose fp64 running sum passes the same fraction of the tile's own fp64
-    sum. An empty residual draws from the target row. Returns (token int64, whether the
-    residual had weight)."""
-    tile_w = _tile_masses(mass_w, n_tiles, act, NT)
-    use_w = tl.sum(tile_w, axis=1) > 0  # else the residual is empty: fall back to the target row
-    tiles = tl.where(use_w[:, None], tile_w, _tile_masses(mass_t, n_tiles, act & ~use_w, NT))
-    threshold = u * tl.sum(tiles, axis=1)
-    if FAULT == _RESIDUAL_NOT_NORMALIZED:
-        threshold = u
-    tile, frac = _choose_tile(tiles, threshold)
-    token = _draw_in_tile(
-        t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active,
-        resid & use_w[:, None], use_draft, excl, (tile * BLOCK_V)[:, None], frac, HAS_DRAFT, FAULT, BLOCK_V,
+    """``_draw_from_masses`` from the masses ``_split_tile_masses`` stored at ``mass_w`` /
+    ``mass_t`` (an empty residual draws from the target row). Returns (token int64, whether
+    the residual had weight)."""
+    tiles, use_w, _, _, _ = _job_tile_masses(mass_w, mass_t, n_tiles, act, resid, scale, NT)
+    token = _draw_from_masses(
+        t_logits, t_stride, V, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid,
+        use_draft, excl, tiles, use_w, u, HAS_DRAFT, FAULT, BLOCK_V,
     )  # fmt: skip
     return token, use_w
 
@@ -747,12 +801,15 @@ def _owners_kernel(cu, t_req, d_req, K, B, BLOCK_R: tl.constexpr):
 def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_V, BLOCK_R, NSPLIT, split_len) from the vocabulary alone, so that a request's
     reductions (hence its output) never depend on its batch mates. GPU: 2048-wide tiles, one
-    split (a program's run of tiles in the row statistics and the staged draw masses) per 8192 ids up to 16. The interpreter pays per
+    split (a program's run of tiles in the row statistics and the staged draw masses) per 4096
+    ids up to 16: at B = 1, V = 32000 eight splits of two tiles took 2.9 us of statistics
+    against 5.2 in three splits, at 2-4% more time at B = 1024, K = 4-8 (one tile per split:
+    up to 20% more; H100, benchmarks/RESULTS.md, issue 3, session 16). The interpreter pays per
     operation, so CPU tiles are large and unsplit. ``block_v`` / ``splits`` override (tests)."""
     budget = 2048 if cuda else 1 << 18  # elements per tile
     block_v = block_v or min(next_power_of_2(vocab), 2048 if cuda else 1 << 16)
     block_r = max(1, budget // block_v)
-    nsplit = splits or (max(1, min(16, vocab // 8192)) if cuda else 1)
+    nsplit = splits or (min(16, cdiv(vocab, 4096)) if cuda else 1)
     split_len = cdiv(cdiv(vocab, nsplit), block_v) * block_v
     return block_v, block_r, cdiv(vocab, split_len), split_len
 
@@ -855,17 +912,16 @@ class _Context:
         )  # fmt: skip
 
 
-# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 4 launches, 3
-# allocations, no host sync) for small batches and the staged pipeline (~10 launches, a dozen
-# allocations) above. Interpreter (CPU): up to 256 requests, where the fused path's fewer
-# programs pay. CUDA: up to 2**26 logits per row position (requests x V: 2,097 requests at
-# V = 32000, 512 at 131072). Measured on an H100 (benchmarks/RESULTS.md, issue 3, session 14;
-# B in {1, 64, 256, 1024}, V in {32000, 131072, 152064}): there the fused path took at most the
-# staged path's graph time (one tie, B = 256, K = 1, V = 152064) and less host time, and at
-# B = 1024, V >= 131072 the staged path took 0-5% less. Not measured: between B = 256 and the
-# limit at V >= 131072, B = 1025-2,097 at V = 32000, and V < 32000.
+# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3-4 launches, 3
+# allocations, no host sync, no statistics of a request's last target row) for small batches
+# and the staged pipeline (~10 launches, a dozen allocations) above. Interpreter (CPU): up to
+# 256 requests, where the fused path's fewer programs pay. CUDA: up to 2**28 logits per row
+# position (requests x V: 8,388 requests at V = 32000, 2,048 at 131072). Measured on an H100
+# (benchmarks/RESULTS.md, issue 3, session 16; B in {1, 64, 256, 1024}, V in {32000, 131072,
+# 152064}): the fused path took 6-48% less graph time than the staged path on every shape (it
+# reads a target row less per request). Not measured: B > 1024 and V < 32000.
 FUSED_MAX_REQUESTS = 256
-FUSED_MAX_LOGITS_CUDA = 2**26
+FUSED_MAX_LOGITS_CUDA = 2**28
 PATHS = ("auto", "fused", "staged")
 
 
