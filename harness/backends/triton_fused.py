@@ -585,7 +585,7 @@ _CPU_TILE = 1 << 20  # elements per tile in the interpreter: Triton's largest te
 _CUDA_REQUESTS = 64  # most requests per program of the chain kernels on CUDA (the staged chain's)
 _MASS_PROGRAMS = 256  # mass programs a call spreads its tiles over, about (measured, H100)
 # Up to this many request blocks, the last mass program of each block picks its tokens (no
-# fourth launch; 0.1-0.9 us less at B = 1 on an H100). Above, the pick's registers cost the
+# fourth launch; up to 0.9 us less at B = 1 on an H100). Above, the pick's registers cost the
 # mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 (benchmarks/RESULTS.md,
 # issue 3, session 16). The tokens are the same either way.
 _PICK_IN_MASS_MAX_BLOCKS = 8

@@ -918,7 +918,7 @@ class _Context:
 # 256 requests, where the fused path's fewer programs pay. CUDA: up to 2**28 logits per row
 # position (requests x V: 8,388 requests at V = 32000, 2,048 at 131072). Measured on an H100
 # (benchmarks/RESULTS.md, issue 3, session 16; B in {1, 64, 256, 1024}, V in {32000, 131072,
-# 152064}): the fused path took 6-48% less graph time than the staged path on every shape (it
+# 152064}): the fused path took 8-48% less graph time than the staged path on every shape (it
 # reads a target row less per request). Not measured: B > 1024 and V < 32000.
 FUSED_MAX_REQUESTS = 256
 FUSED_MAX_LOGITS_CUDA = 2**28
