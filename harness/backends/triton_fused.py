@@ -63,11 +63,11 @@ from harness.backends.triton_sampler import (
     _SYNTHETIC,
     _TARGET,
     TritonBackend,
+    _combine_rows,
     _draw_from_masses,
     _draw_from_tiles,
     _inv_temperature,
     _job_tile_masses,
-    _merge_splits,
     _split_tile_masses,
     _stats_step,
     _store_final,
@@ -303,21 +303,9 @@ def _load_chain(chain, r, valid, B, INT: tl.constexpr):
 @triton.jit
 def _finalize(partials, size, f_m, f_s, f_arg, f_nan, rows, mask, scale, NSPLIT: tl.constexpr):
     """Merge the ``NSPLIT`` partials of ``rows`` (the four arrays of ``size`` at ``partials``)
-    and store their final statistics, as ``_combine_kernel`` does."""
+    and store their final statistics, as ``_combine_kernel`` does (``_combine_rows``)."""
     p_m, p_s, p_arg, p_nan = _stats_at(partials, size)
-    axis: tl.constexpr = len(rows.shape)
-    sp = tl.arange(0, triton.next_power_of_2(NSPLIT))
-    part = tl.expand_dims(rows * NSPLIT, axis) + sp
-    pmask = tl.expand_dims(mask, axis) & (sp < NSPLIT)
-    m, s, arg, nan = _merge_splits(
-        tl.load(p_m + part, mask=pmask, other=_LOWEST).to(tl.float32),
-        tl.load(p_s + part, mask=pmask, other=0.0).to(tl.float32),
-        tl.load(p_arg + part, mask=pmask, other=0.0).to(tl.int32),
-        tl.load(p_nan + part, mask=pmask, other=0.0).to(tl.int32),
-        scale + tl.zeros(rows.shape, tl.float32),
-        0,
-    )
-    _store_final(rows, mask, m, s, arg, nan, f_m, f_s, f_arg, f_nan, 0)
+    _combine_rows(p_m, p_s, p_arg, p_nan, rows, mask, scale + tl.zeros(rows.shape, tl.float32), f_m, f_s, f_arg, f_nan, NSPLIT, 0)
 
 
 @triton.jit
@@ -419,7 +407,7 @@ def _fused_mass_kernel(
             HAS_DRAFT, 0, BLOCK_V,
         )  # fmt: skip
     if PICK:
-        # The last of this request block's mass programs picks its tokens (no fifth launch). The
+        # The last of this request block's mass programs picks its tokens (no fourth launch). The
         # barrier puts every thread's stores before the counter's release (Triton's layer-norm
         # tutorial's lock); the acquire puts the other programs' stores before the pick's loads.
         tl.debug_barrier()

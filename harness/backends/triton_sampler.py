@@ -244,6 +244,29 @@ def _merge_splits(parts_m, parts_s, parts_arg, parts_nan, scale, FAULT: tl.const
     return m, s, arg, tl.max(parts_nan, axis=axis)
 
 
+@triton.jit
+def _combine_rows(
+    part_m, part_s, part_arg, part_nan, rows, mask, scale, out_m, out_logs, out_arg, out_bad,
+    NSPLIT: tl.constexpr, FAULT: tl.constexpr,
+):  # fmt: skip
+    """Load the ``NSPLIT`` partials of ``rows`` (any shape; ``scale`` of the same shape), merge
+    them (``_merge_splits``) and store the final statistics (``_store_final``): the staged
+    ``_combine_kernel`` and the fused chain kernel's ``_finalize`` (partials in float64)."""
+    axis: tl.constexpr = len(rows.shape)
+    sp = tl.arange(0, triton.next_power_of_2(NSPLIT))
+    part = tl.expand_dims(rows * NSPLIT, axis) + sp
+    pmask = tl.expand_dims(mask, axis) & (sp < NSPLIT)
+    m, s, arg, nan = _merge_splits(
+        tl.load(part_m + part, mask=pmask, other=_LOWEST).to(tl.float32),
+        tl.load(part_s + part, mask=pmask, other=0.0).to(tl.float32),
+        tl.load(part_arg + part, mask=pmask, other=0).to(tl.int32),
+        tl.load(part_nan + part, mask=pmask, other=0).to(tl.int32),
+        scale,
+        FAULT,
+    )
+    _store_final(rows, mask, m, s, arg, nan, out_m, out_logs, out_arg, out_bad, FAULT)
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def _combine_kernel(
     n_rows, row_req, temperature, part_m, part_s, part_arg, part_nan,
@@ -254,18 +277,7 @@ def _combine_kernel(
     valid = rows < n_rows
     req = tl.load(row_req + rows, mask=valid, other=0)
     scale = _inv_temperature(tl.load(temperature + req, mask=valid, other=1.0)) * _LOG2E
-    sp = tl.arange(0, triton.next_power_of_2(NSPLIT))[None, :]
-    part = rows[:, None] * NSPLIT + sp
-    pmask = valid[:, None] & (sp < NSPLIT)
-    m, s, arg, nan = _merge_splits(
-        tl.load(part_m + part, mask=pmask, other=_LOWEST),
-        tl.load(part_s + part, mask=pmask, other=0.0),
-        tl.load(part_arg + part, mask=pmask, other=0),
-        tl.load(part_nan + part, mask=pmask, other=0),
-        scale,
-        FAULT,
-    )
-    _store_final(rows, valid, m, s, arg, nan, out_m, out_logs, out_arg, out_bad, FAULT)
+    _combine_rows(part_m, part_s, part_arg, part_nan, rows, valid, scale, out_m, out_logs, out_arg, out_bad, NSPLIT, FAULT)
 
 
 @triton.jit
