@@ -495,11 +495,14 @@ def _rows_with_drafts(counts):
     return torch.arange(len(owner), device=counts.device) - first[owner] < counts[owner]
 
 
-def test_fused_final_statistics_are_the_staged_ones(monkeypatch):
+@pytest.mark.parametrize("splits_per_program", [1, 2])
+def test_fused_final_statistics_are_the_staged_ones(monkeypatch, splits_per_program):
     """The fused chain kernel's merge of split statistics stores the staged path's final
     statistics bit for bit (max, log-sum, argmax, degenerate flag) for every draft row and
     every target row but a request's last: a merge that drifts moves draws only near a
-    boundary, but moves these."""
+    boundary, but moves these. Also with two splits per statistics program (large batches
+    on CUDA): a split's partials do not depend on which program reads it."""
+    monkeypatch.setattr(tf, "_stats_splits_per_program", lambda rows, nsplit: min(splits_per_program, nsplit))
     for vocab, draft_vocab, with_draft, tiles in FUSED_CASES:
         block_v, splits = tiles.get("block_v"), tiles.get("splits")
         if not splits:
@@ -527,18 +530,30 @@ def test_fused_final_statistics_are_the_staged_ones(monkeypatch):
 
 
 def test_mass_spans_cover_the_vocabulary_in_whole_tiles():
-    """``_mass_split_len``: whole tiles, one each at small batches, at most the statistics'
-    split, about ``_MASS_PROGRAMS`` programs a call at large ones."""
+    """``_mass_split_len``: whole tiles, one each at small batches, at most ``_MASS_MAX_TILES``
+    and the row, about ``_MASS_PROGRAMS`` programs a call at large batches."""
     for vocab in (2, 3000, 32000, 131072, 152064, 262144):
-        block_v, _, _, split_len = ts._tiles(vocab, cuda=True)
+        block_v = ts._tiles(vocab, cuda=True)[0]
         n_tiles = -(-vocab // block_v)
         for blocks in (1, 3, 17, 64, 256, 1024):
-            span = tf._mass_split_len(blocks, n_tiles, split_len, block_v)
-            assert span % block_v == 0 and block_v <= span <= split_len
+            span = tf._mass_split_len(blocks, n_tiles, block_v)
+            assert span % block_v == 0 and block_v <= span <= min(tf._MASS_MAX_TILES, n_tiles) * block_v
             if blocks * n_tiles < 2 * tf._MASS_PROGRAMS:
                 assert span == block_v, (vocab, blocks, span)
             else:
-                assert span == split_len or blocks * -(-vocab // span) >= tf._MASS_PROGRAMS, (vocab, blocks, span)
+                assert span == tf._MASS_MAX_TILES * block_v or blocks * -(-vocab // span) >= tf._MASS_PROGRAMS, (vocab, blocks, span)
+
+
+def test_statistics_tile_is_the_split_where_it_fits():
+    """``_stats_width``: on CUDA one tile per split up to ``_STATS_MAX_WIDTH`` ids (a power of
+    two, as Triton's ranges), else the staged tile; the interpreter keeps its large tiles."""
+    for vocab in (2, 3000, 4096, 32000, 131072, 152064, 262144):
+        block_v, _, nsplit, split_len = ts._tiles(vocab, cuda=True)
+        width = tf._stats_width(split_len, block_v, cuda=True)
+        assert width == split_len <= tf._STATS_MAX_WIDTH and nsplit * width >= vocab, (vocab, width, split_len)
+    assert tf._stats_width(6144, 2048, cuda=True) == 2048  # a split of three tiles is read tile by tile
+    assert tf._stats_width(8192, 2048, cuda=True) == 2048  # wider than the register budget
+    assert tf._stats_width(4096, 65536, cuda=False) == 65536
 
 
 def test_path_dispatch():

@@ -20,8 +20,8 @@ one float64 scratch) and no host synchronization:
 3. ``_fused_mass_kernel``, grid (request blocks, spans of tiles): sums over each tile of its
    span the weights of every draw its requests may need: the residual or bonus row of a
    chain request, every row up to the first placeholder of a strict or block request (a
-   target-row draw: each tile's sum relative to its max, and the max). At small batches the
-   tiles are spread over more programs than the statistics' splits (``_mass_split_len``).
+   target-row draw: each tile's sum relative to its max, and the max). The spans are the
+   call's own (``_mass_split_len``): one tile each at small batches, up to four at large.
 4. ``_pick`` (in the last mass program of each request block to finish, up to
    ``_PICK_IN_MASS_MAX_BLOCKS`` blocks; else ``_fused_pick_kernel``, grid (request blocks)):
    strict requests' own target samples (stream TARGET), block verification's stop, the
@@ -68,6 +68,7 @@ from harness.backends.triton_sampler import (
     _draw_from_tiles,
     _inv_temperature,
     _job_tile_masses,
+    _split_argmax,
     _split_tile_masses,
     _stats_step,
     _store_final,
@@ -87,7 +88,7 @@ def _stats_at(base, size):
 
 @triton.jit
 def _split_stats(
-    logits, stride, width, rows, valid, scale, split, split_len, out_m, out_s, out_arg, out_nan,
+    logits, stride, width, rows, valid, greedy, scale, split, split_len, out_m, out_s, out_arg, out_nan,
     NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """``_stats_kernel``'s loop over one split for the given rows (one per lane)."""
@@ -106,9 +107,7 @@ def _split_stats(
         cols = full + tl.arange(0, BLOCK_V)[None, :]
         a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
         m, s, best = _stats_step(a, m, s, best, full, scale, 0)
-    cols = best[:, None] + tl.arange(0, BLOCK_V)[None, :]
-    a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
-    arg = tl.min(tl.where(a == m[:, None], cols, _NO_ID), axis=1)  # lowest id among the maxima
+    arg = _split_argmax(base, best, hi, m, valid & greedy, BLOCK_V, 0)
     nan = (s != s).to(tl.int32)
     if NSPLIT == 1:
         _store_final(rows, valid, m, s, arg, nan, out_m, out_s, out_arg, out_nan, 0)
@@ -238,45 +237,50 @@ def _job(
 # --- kernels --------------------------------------------------------------------------------------
 # Batch sizes and scratch offsets are not specialized on (== 1, divisible by 16): every new batch
 # shape would compile the kernels again (the GPU suite's fuzzing spent minutes compiling).
-_STATS_COUNTS = ["KS", "B", "t_size", "d_off", "d_size"]
+_STATS_COUNTS = ["KS", "B", "t_size", "d_off", "d_size", "per"]
 _COUNTS = ["K", "B", "t_size", "d_off", "d_size", "m_off", "m_size", "c_off", "n_tiles"]
 
 
 @triton.jit(do_not_specialize=_STATS_COUNTS)
 def _fused_stats_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, KS, B, scratch, t_size, d_off, d_size,
-    t_split_len, d_split_len, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
+    t_split_len, d_split_len, per, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """Target row k (programs ``split < T_NSPLIT``) or draft row k (the next ``D_NSPLIT``) of
-    request r over one vocabulary split, one (r, k < max(K, 1)) per lane: at small batches the
-    programs run side by side instead of reading a target and a draft split one after the
-    other. A request's last target row (k = its draft count) gets no statistics: only a draw
-    from the target row uses it, and that draw needs none (``_tile_weights``)."""
+    """Target row k (the first cdiv(T_NSPLIT, per) programs along axis 1) or draft row k (the
+    next cdiv(D_NSPLIT, per)) of request r over ``per`` vocabulary splits, one (r, k < max(K, 1))
+    per lane: at small batches the programs run side by side instead of reading a target and a
+    draft split one after the other. Each split's partials are stored on their own, so they do
+    not depend on ``per`` (``_stats_splits_per_program``). A request's last target row (k = its
+    draft count) gets no statistics: only a draw from the target row uses it, and that draw
+    needs none (``_tile_weights``)."""
     lane = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    split = tl.program_id(1)
+    first = tl.program_id(1) * per
+    t_firsts = tl.cdiv(T_NSPLIT, per) * per  # where the draft's programs start, in splits
     r = lane // KS
     k = lane % KS
     valid = r < B
     start = tl.load(cu + r, mask=valid, other=0)
     cnt = tl.load(cu + r + 1, mask=valid, other=0) - start
-    scale = _inv_temperature(tl.load(temperature + r, mask=valid, other=1.0)) * _LOG2E
-    t_valid = valid & (k < cnt)
-    if split < T_NSPLIT:
-        if tl.max(t_valid.to(tl.int32), axis=0) > 0:
+    temp = tl.load(temperature + r, mask=valid, other=1.0)
+    scale = _inv_temperature(temp) * _LOG2E
+    greedy = temp == 0
+    valid = valid & (k < cnt)
+    if tl.max(valid.to(tl.int32), axis=0) > 0:
+        if first < t_firsts:
             t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
-            _split_stats(
-                t_logits, t_stride, V, start + r + k, t_valid, scale, split, t_split_len, t_m, t_s, t_arg, t_nan,
-                T_NSPLIT, BLOCK_R, T_BLOCK_V,
-            )  # fmt: skip
-    elif HAS_DRAFT:
-        d_valid = valid & (k < cnt)
-        if tl.max(d_valid.to(tl.int32), axis=0) > 0:
+            for split in range(first, tl.minimum(first + per, T_NSPLIT)):
+                _split_stats(
+                    t_logits, t_stride, V, start + r + k, valid, greedy, scale, split, t_split_len, t_m, t_s, t_arg, t_nan,
+                    T_NSPLIT, BLOCK_R, T_BLOCK_V,
+                )  # fmt: skip
+        elif HAS_DRAFT:
             d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
-            _split_stats(
-                d_logits, d_stride, Vd, start + k, d_valid, scale, split - T_NSPLIT, d_split_len, d_m, d_s, d_arg, d_nan,
-                D_NSPLIT, BLOCK_R, D_BLOCK_V,
-            )  # fmt: skip
+            for split in range(first - t_firsts, tl.minimum(first - t_firsts + per, D_NSPLIT)):
+                _split_stats(
+                    d_logits, d_stride, Vd, start + k, valid, greedy, scale, split, d_split_len, d_m, d_s, d_arg, d_nan,
+                    D_NSPLIT, BLOCK_R, D_BLOCK_V,
+                )  # fmt: skip
 
 
 @triton.jit
@@ -572,6 +576,10 @@ def _fused_pick_kernel(
 _CPU_TILE = 1 << 20  # elements per tile in the interpreter: Triton's largest tensor
 _CUDA_REQUESTS = 64  # most requests per program of the chain kernels on CUDA (the staged chain's)
 _MASS_PROGRAMS = 256  # mass programs a call spreads its tiles over, about (measured, H100)
+_MASS_MAX_TILES = 4  # most tiles one mass program sums (measured, H100)
+_STATS_MAX_WIDTH = 4096  # widest statistics tile on CUDA (ids; 32 fp32 per thread at 4 warps)
+_STATS_PROGRAMS = 32768  # statistics programs a call spreads its splits over, at most about (measured, H100)
+_STATS_MAX_SPLITS = 4  # most splits one statistics program reads
 # Up to this many request blocks, the last mass program of each block picks its tokens (no
 # fourth launch; up to 0.9 us less at B = 1 on an H100). Above, the pick's registers cost the
 # mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 (benchmarks/RESULTS.md,
@@ -579,15 +587,34 @@ _MASS_PROGRAMS = 256  # mass programs a call spreads its tiles over, about (meas
 _PICK_IN_MASS_MAX_BLOCKS = 8
 
 
-def _mass_split_len(request_blocks: int, n_tiles: int, split_len: int, block_v: int) -> int:
+def _mass_split_len(request_blocks: int, n_tiles: int, block_v: int) -> int:
     """The span of vocabulary one ``_fused_mass_kernel`` program sums, in whole tiles. A
     program sums its tiles one after the other, so at small batches its time is a latency per tile.
     A call of T tiles (request blocks x tiles per row) gives each program T // _MASS_PROGRAMS
     tiles, at least one (one each while T < 2 * _MASS_PROGRAMS; else at least about
-    ``_MASS_PROGRAMS`` programs) and at most the statistics' split. A tile's mass does not
+    ``_MASS_PROGRAMS`` programs) and at most ``_MASS_MAX_TILES``. A tile's mass does not
     depend on which program sums it, so neither do the outputs."""
-    tiles = min(split_len // block_v, max(1, request_blocks * n_tiles // _MASS_PROGRAMS))
+    tiles = min(_MASS_MAX_TILES, n_tiles, max(1, request_blocks * n_tiles // _MASS_PROGRAMS))
     return tiles * block_v
+
+
+def _stats_splits_per_program(rows: int, nsplit: int) -> int:
+    """Splits one ``_fused_stats_kernel`` program reads, one after the other: one each while
+    a call has at most about ``_STATS_PROGRAMS`` (rows x splits), else enough to stay near
+    that, up to ``_STATS_MAX_SPLITS``. At B = 1 a program's time is its loads' latency; at
+    large batches short programs cost (measured, H100). A split's partials do not depend
+    on which program reads it, so neither do the outputs."""
+    return min(_STATS_MAX_SPLITS, nsplit, max(1, cdiv(rows * nsplit, _STATS_PROGRAMS)))
+
+
+def _stats_width(split_len: int, block_v: int, cuda: bool) -> int:
+    """The fused statistics kernel's tile: on CUDA a whole split where it fits in one tile of
+    at most ``_STATS_MAX_WIDTH`` ids (at B = 1 a program's loads go out at once, not one tile
+    after another), else the staged kernel's ``block_v``. A split's statistics do not depend
+    on its tiles but for the fp32 sum's order (as the register layout, ``_stats_step``)."""
+    if cuda and split_len <= _STATS_MAX_WIDTH and split_len == next_power_of_2(split_len):
+        return split_len
+    return block_v
 
 
 def _on_cuda(tensor) -> bool:
@@ -634,17 +661,19 @@ def verify_fused(
     # interpreter pays per element of a tile, valid or not: no more lanes than needed.
     ks = max(k, 1)  # statistics lanes per request: rows 0..k-1 (the last target row needs none)
     lanes = block_r if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b * ks))
+    per = _stats_splits_per_program(b * ks, max(t_nsplit, d_nsplit))
     launch(
-        _fused_stats_kernel, (cdiv(b * ks, lanes), t_nsplit + (d_nsplit if has_draft else 0)),
+        _fused_stats_kernel, (cdiv(b * ks, lanes), cdiv(t_nsplit, per) + (cdiv(d_nsplit, per) if has_draft else 0)),
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, ks, b,
-        scratch, t_size, d_off, d_size, t_split_len, d_split_len, has_draft, t_nsplit, d_nsplit, lanes, t_block_v, d_block_v,
+        scratch, t_size, d_off, d_size, t_split_len, d_split_len, per, has_draft, t_nsplit, d_nsplit, lanes,
+        _stats_width(t_split_len, t_block_v, cuda), _stats_width(d_split_len, d_block_v, cuda),
         num_warps=4,
     )  # fmt: skip
     has_synthetic = has_synthetic and synthetic_rates is not None
     # CUDA: one request per program for V >= 2048; at tiny vocabularies at most as many as the
     # staged chain kernel holds (Triton 3.6 took 6 min to compile [1024 lanes, 16 steps] tiles).
     lanes = min(block_r, _CUDA_REQUESTS) if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b))
-    mass_split_len = _mass_split_len(cdiv(b, lanes), n_tiles, t_split_len, t_block_v)
+    mass_split_len = _mass_split_len(cdiv(b, lanes), n_tiles, t_block_v)
     pick_in_mass = cdiv(b, lanes) <= _PICK_IN_MASS_MAX_BLOCKS
     args = (
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature,

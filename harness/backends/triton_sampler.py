@@ -5,8 +5,8 @@ launches a fixed pipeline with no host synchronization:
 
 1. ``_stats_kernel`` (+ ``_combine_kernel`` when the vocabulary is split over programs):
    per target and draft row, an online log-sum-exp of ``logits / T`` over vocabulary
-   tiles (max, log of the sum of exponentials, argmax with ties to the lowest id,
-   degenerate flag).
+   tiles (max, log of the sum of exponentials, degenerate flag, and for greedy rows the
+   argmax with ties to the lowest id: only a point mass's token uses it).
 2. Strict requests only: the target's own sample ``y`` of every row they verify (as 5.).
 3. ``_chain_kernel``: one lane per request, a loop over draft steps: acceptance of every
    chain method (standard, strict, synthetic; greedy is standard at T = 0), and the running
@@ -159,6 +159,24 @@ def _stats_step(a, m, s, best, start, scale, FAULT: tl.constexpr):
     return new_m, s, best
 
 
+@triton.jit
+def _split_argmax(base, best, hi, m, need, BLOCK_V: tl.constexpr, FAULT: tl.constexpr):
+    """The lowest id holding the max ``m`` in the tile at ``best`` (below ``hi``) of the rows
+    ``need`` selects, by reading that tile again; ``_NO_ID`` for the other rows. Only a point
+    mass's token uses an argmax, and only a greedy row's statistics give one (a degenerate
+    row's token is 0, ``_store_final``): skipping the read for sampled rows saves a tile's
+    round trip per split at B = 1 and its bytes at large batches."""
+    arg = tl.zeros_like(best) + _NO_ID
+    if tl.max(need.to(tl.int32), axis=0) > 0:
+        cols = best[:, None] + tl.arange(0, BLOCK_V)[None, :]
+        a = tl.load(base + cols, mask=need[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
+        if FAULT == _GREEDY_TIE_HIGHEST:
+            arg = tl.where(need, tl.max(tl.where(a == m[:, None], cols, -1), axis=1), arg)
+        else:
+            arg = tl.where(need, tl.min(tl.where(a == m[:, None], cols, _NO_ID), axis=1), arg)  # lowest id among the maxima
+    return arg
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def _stats_kernel(
     logits, stride, width, n_rows, row_req, temperature,
@@ -169,14 +187,16 @@ def _stats_kernel(
 
     The loop keeps a running max and rescaled sum (one exp2 per logit; a NaN logit makes
     the sum NaN) and remembers the tile where the max last grew; the argmax (lowest id) is
-    found by reading that one tile again at the end, not by an argmax per tile. Full tiles
-    load without a column mask (the loop is bound by the exp2 and the loads).
+    found by reading that one tile again at the end, not by an argmax per tile, and only for
+    greedy rows (``_split_argmax``). Full tiles load without a column mask (the loop is bound
+    by the exp2 and the loads).
     """
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     split = tl.program_id(1)
     valid = rows < n_rows
     req = tl.load(row_req + rows, mask=valid, other=0)
-    scale = _inv_temperature(tl.load(temperature + req, mask=valid, other=1.0)) * _LOG2E
+    temp = tl.load(temperature + req, mask=valid, other=1.0)
+    scale = _inv_temperature(temp) * _LOG2E
     lo = split * split_len
     hi = tl.minimum(lo + split_len, width)
     full = lo + (hi - lo) // BLOCK_V * BLOCK_V
@@ -192,12 +212,7 @@ def _stats_kernel(
         cols = full + tl.arange(0, BLOCK_V)[None, :]
         a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
         m, s, best = _stats_step(a, m, s, best, full, scale, FAULT)
-    cols = best[:, None] + tl.arange(0, BLOCK_V)[None, :]
-    a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
-    if FAULT == _GREEDY_TIE_HIGHEST:
-        arg = tl.max(tl.where(a == m[:, None], cols, -1), axis=1)
-    else:
-        arg = tl.min(tl.where(a == m[:, None], cols, _NO_ID), axis=1)  # lowest id among the maxima
+    arg = _split_argmax(base, best, hi, m, valid & (temp == 0), BLOCK_V, FAULT)
     nan = (s != s).to(tl.int32)
     if NSPLIT == 1:
         _store_final(rows, valid, m, s, arg, nan, out_m, out_s, out_arg, out_nan, FAULT)
@@ -813,15 +828,17 @@ def _owners_kernel(cu, t_req, d_req, K, B, BLOCK_R: tl.constexpr):
 def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_V, BLOCK_R, NSPLIT, split_len) from the vocabulary alone, so that a request's
     reductions (hence its output) never depend on its batch mates. GPU: 2048-wide tiles, one
-    split (a program's run of tiles in the row statistics and the staged draw masses) per 4096
-    ids up to 16: at B = 1, V = 32000 eight splits of two tiles took 2.9 us of statistics
-    against 5.2 in three splits, at 2-4% more time at B = 1024, K = 4-8 (one tile per split:
-    up to 20% more; H100, benchmarks/RESULTS.md, issue 3, session 16). The interpreter pays per
-    operation, so CPU tiles are large and unsplit. ``block_v`` / ``splits`` override (tests)."""
+    split (a program's share of a row's statistics, and of the staged draw masses) per 4096
+    ids: at B = 1 a program reads one split's tiles one after the other, and at V = 152064
+    16 splits of five tiles lost to vLLM MRV2 by 10% where 38 splits of two won by 4%; the
+    fused path reads a split as one tile (``_stats_width``) and sums masses over spans of
+    their own (``_mass_split_len``), so at B = 1024 the smaller splits cost nothing (H100,
+    benchmarks/RESULTS.md, issue 3, session 17). The interpreter pays per operation, so CPU
+    tiles are large and unsplit. ``block_v`` / ``splits`` override (tests)."""
     budget = 2048 if cuda else 1 << 18  # elements per tile
     block_v = block_v or min(next_power_of_2(vocab), 2048 if cuda else 1 << 16)
     block_r = max(1, budget // block_v)
-    nsplit = splits or (min(16, cdiv(vocab, 4096)) if cuda else 1)
+    nsplit = splits or (cdiv(vocab, 4096) if cuda else 1)
     split_len = cdiv(cdiv(vocab, nsplit), block_v) * block_v
     return block_v, block_r, cdiv(vocab, split_len), split_len
 
@@ -845,7 +862,8 @@ def _mass_chunk(lanes: int, n_tiles: int, cuda: bool) -> int:
 
 
 class _Stats:
-    """Final per-row statistics: max logit, log of the sum of exp((a - max) / T), argmax, degenerate flag."""
+    """Final per-row statistics: max logit, log of the sum of exp((a - max) / T), argmax
+    (greedy rows; ``_NO_ID`` for the others, which never use it), degenerate flag."""
 
     def __init__(self, logits, row_req, temperature, cuda: bool, tiles: tuple = (None, None), fault: int = 0):
         rows, width = logits.shape
