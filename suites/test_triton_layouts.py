@@ -40,7 +40,7 @@ _POINTER = {
     torch.int32: "*i32",
     torch.int8: "*i8",
 }
-_WIDE = 1024  # a tile at least this wide along one axis is a vocabulary tile (2048 on CUDA)
+_WIDE = 1024  # a tile at least this wide along one axis is a vocabulary tile (2048 on CUDA, 4096 in the fused statistics)
 # Known and cheap: the draw's exclusion mask (``_tile_weights``: ``resid & (cols == excl)``), a
 # 2048-bit tile that Triton 3.8 computes in another layout than the weights it masks.
 _KNOWN_WIDE_CHANGE = re.compile(r"tensor<1x2048xi1,")

@@ -6,10 +6,12 @@ block masses and stop, draw masses and pick) and allocates a dozen tensors. This
 the same work for every method in three or four launches, three allocations (outputs and
 one float64 scratch) and no host synchronization:
 
-1. ``_fused_stats_kernel``, grid ((request, step) blocks, target and draft splits): target
-   row k or draft row k (k < the request's draft count) of request r over one split, by the
-   staged path's own tile loop (``_stats_step``, ``_store_final``): final statistics when
-   the vocabulary is one split, per-split partials otherwise. A request's last target row
+1. ``_fused_stats_kernel``, grid ((request, step) blocks, runs of target and draft splits):
+   target row k or draft row k (k < the request's draft count) of request r over one split
+   (several one after the other at large batches, ``_stats_splits_per_program``), by the
+   staged path's own tile loop (``_stats_step``, ``_store_final``; on CUDA a split is one
+   tile, ``_stats_width``): final statistics when the vocabulary is one split, per-split
+   partials otherwise. A request's last target row
    (the bonus row) gets none: only a draw from the target row uses it, and such a draw
    weighs each tile relative to the tile's own max (``_tile_weights``), so it reads that row
    once, in the mass kernel, instead of twice.
@@ -29,14 +31,16 @@ one float64 scratch) and no host synchronization:
    algorithm), and every output slot (-1 past the emitted count, so the outputs need no
    fill). A bonus row's max, degenerate flag and argmax (greedy) come from its tile maxima.
 
-The tiles, the reductions and the noise (``_uniform`` keyed by (seed, position, stream)) are
-the staged path's, so under the interpreter the outputs are the staged path's token for token
-and the final statistics bit for bit. On CUDA Triton lays a kernel's tiles out by what the
-kernel loads: with bf16 draft logits and fp32 target logits (the GPU tests, bench_kernels),
-the fused statistics kernel's fp32 target tile is laid out like the draft's (seen compiling
-with Triton 3.8), so its fp32 tile sums add in another order than the staged kernel's. On an
-H100 (Triton 3.6) the per-split sums were 1-4 ulps apart and the final log-sums 1-3 ulps in
-some rows; the merges gave equal bits from equal partials. A draw moves only when its uniform lies within such an ulp of a
+The splits, the reductions and the noise (``_uniform`` keyed by (seed, position, stream)) are
+the staged path's, so under the interpreter (where both read a split as one tile) the outputs
+are the staged path's token for token and the final statistics bit for bit. On CUDA the fused
+statistics kernel reads a 4096-id split as one tile where the staged kernel reads two and
+rescales its running sum once, and Triton lays a kernel's tiles out by what the kernel loads
+(beside a bf16 draft tile, the fused kernel's fp32 target tile is laid out like the draft's,
+seen compiling with Triton 3.8): the fp32 split sums differ in the last bits. On an H100
+(Triton 3.6, session 15's equal tiles) the per-split sums were 1-4 ulps apart and the final
+log-sums 1-3 ulps in some rows; the merges gave equal bits from equal partials; maxima,
+argmaxes and flags are equal. A draw moves only when its uniform lies within such an ulp of a
 token's boundary (about 1e-7 of draws); tokens agreed in every GPU comparison.
 ``suites/test_triton.py`` checks tokens on both devices, the final statistics bit for bit
 under the interpreter and within a summation-order bound on CUDA. The interpreter takes the
@@ -602,16 +606,18 @@ def _stats_splits_per_program(rows: int, nsplit: int) -> int:
     """Splits one ``_fused_stats_kernel`` program reads, one after the other: one each while
     a call has at most about ``_STATS_PROGRAMS`` (rows x splits), else enough to stay near
     that, up to ``_STATS_MAX_SPLITS``. At B = 1 a program's time is its loads' latency; at
-    large batches short programs cost (measured, H100). A split's partials do not depend
-    on which program reads it, so neither do the outputs."""
+    B = 1024, K >= 4 one split per program took 5-7% longer (H100, benchmarks/RESULTS.md,
+    issue 3, session 17). A split's partials do not depend on which program reads it, so
+    neither do the outputs."""
     return min(_STATS_MAX_SPLITS, nsplit, max(1, cdiv(rows * nsplit, _STATS_PROGRAMS)))
 
 
 def _stats_width(split_len: int, block_v: int, cuda: bool) -> int:
     """The fused statistics kernel's tile: on CUDA a whole split where it fits in one tile of
     at most ``_STATS_MAX_WIDTH`` ids (at B = 1 a program's loads go out at once, not one tile
-    after another), else the staged kernel's ``block_v``. A split's statistics do not depend
-    on its tiles but for the fp32 sum's order (as the register layout, ``_stats_step``)."""
+    after another), else the staged kernel's ``block_v``. A split read as one tile or as
+    several has the same max and argmax; its fp32 sum differs in the last bits (the order of
+    the adds, one rescale less: ``_ORDER_SLACK`` in ``suites/test_triton.py``)."""
     if cuda and split_len <= _STATS_MAX_WIDTH and split_len == next_power_of_2(split_len):
         return split_len
     return block_v

@@ -212,7 +212,10 @@ def _stats_kernel(
         cols = full + tl.arange(0, BLOCK_V)[None, :]
         a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
         m, s, best = _stats_step(a, m, s, best, full, scale, FAULT)
-    arg = _split_argmax(base, best, hi, m, valid & (temp == 0), BLOCK_V, FAULT)
+    need_arg = valid & (temp == 0)
+    if FAULT == _CONTINUE_AFTER_REJECT:
+        need_arg = valid  # the fault fills a rejected slot with the row's argmax, sampled rows too
+    arg = _split_argmax(base, best, hi, m, need_arg, BLOCK_V, FAULT)
     nan = (s != s).to(tl.int32)
     if NSPLIT == 1:
         _store_final(rows, valid, m, s, arg, nan, out_m, out_s, out_arg, out_nan, FAULT)
@@ -829,10 +832,11 @@ def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | Non
     """(BLOCK_V, BLOCK_R, NSPLIT, split_len) from the vocabulary alone, so that a request's
     reductions (hence its output) never depend on its batch mates. GPU: 2048-wide tiles, one
     split (a program's share of a row's statistics, and of the staged draw masses) per 4096
-    ids: at B = 1 a program reads one split's tiles one after the other, and at V = 152064
-    16 splits of five tiles lost to vLLM MRV2 by 10% where 38 splits of two won by 4%; the
-    fused path reads a split as one tile (``_stats_width``) and sums masses over spans of
-    their own (``_mass_split_len``), so at B = 1024 the smaller splits cost nothing (H100,
+    ids: at B = 1 a program's time is its loads' latency, and at V = 152064, K = 1 the call
+    took 1.08-1.10 of vLLM MRV2's time in 15 splits of five tiles, 0.97-0.99 in 38 splits,
+    each read as one tile (``_stats_width``). At large batches the fused path reads several
+    splits per program (``_stats_splits_per_program``; one each cost 5-7% at B = 1024,
+    K >= 4) and sums masses over spans of its own (``_mass_split_len``) (H100,
     benchmarks/RESULTS.md, issue 3, session 17). The interpreter pays per operation, so CPU
     tiles are large and unsplit. ``block_v`` / ``splits`` override (tests)."""
     budget = 2048 if cuda else 1 << 18  # elements per tile
