@@ -9,7 +9,7 @@ one float64 scratch) and no host synchronization:
 1. ``_fused_stats_kernel``, grid ((request, step) blocks, runs of target and draft splits):
    target row k or draft row k (k < the request's draft count) of request r over one split
    (several one after the other at large batches, ``_stats_splits_per_program``), by the
-   staged path's own tile loop (``_stats_step``, ``_store_final``; on CUDA a split is one
+   staged path's own split loop (``_split_stats``; on CUDA a split is one
    tile, ``_stats_width``): final statistics when the vocabulary is one split, per-split
    partials otherwise. A request's last target row
    (the bonus row) gets none: only a draw from the target row uses it, and such a draw
@@ -60,7 +60,6 @@ from harness.backends.triton_sampler import (
     _BLOCK,
     _BLOCK_STREAM,
     _LOG2E,
-    _LOWEST,
     _NO_ID,
     _RESIDUAL,
     _STRICT,
@@ -72,10 +71,8 @@ from harness.backends.triton_sampler import (
     _draw_from_tiles,
     _inv_temperature,
     _job_tile_masses,
-    _split_argmax,
+    _split_stats,
     _split_tile_masses,
-    _stats_step,
-    _store_final,
     _tile_masses,
     _tile_masses_width,
     _tiles,
@@ -88,39 +85,6 @@ from harness.backends.triton_sampler import (
 def _stats_at(base, size):
     """The four statistics arrays (max, sum or log-sum, argmax, NaN or degenerate flag) from ``base``."""
     return base, base + size, base + 2 * size, base + 3 * size
-
-
-@triton.jit
-def _split_stats(
-    logits, stride, width, rows, valid, greedy, scale, split, split_len, out_m, out_s, out_arg, out_nan,
-    NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-):  # fmt: skip
-    """``_stats_kernel``'s loop over one split for the given rows (one per lane)."""
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, width)
-    full = lo + (hi - lo) // BLOCK_V * BLOCK_V
-    base = logits + rows.to(tl.int64)[:, None] * stride
-    m = tl.full([BLOCK_R], _LOWEST, tl.float32)
-    s = tl.zeros([BLOCK_R], tl.float32)
-    best = tl.zeros([BLOCK_R], tl.int32) + lo
-    for start in range(lo, full, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)[None, :]
-        a = tl.load(base + cols, mask=valid[:, None], other=float("-inf")).to(tl.float32)
-        m, s, best = _stats_step(a, m, s, best, start, scale, 0)
-    if full < hi:
-        cols = full + tl.arange(0, BLOCK_V)[None, :]
-        a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
-        m, s, best = _stats_step(a, m, s, best, full, scale, 0)
-    arg = _split_argmax(base, best, hi, m, valid & greedy, BLOCK_V, 0)
-    nan = (s != s).to(tl.int32)
-    if NSPLIT == 1:
-        _store_final(rows, valid, m, s, arg, nan, out_m, out_s, out_arg, out_nan, 0)
-    else:
-        part = rows * NSPLIT + split
-        tl.store(out_m + part, m, mask=valid)
-        tl.store(out_s + part, s, mask=valid)
-        tl.store(out_arg + part, arg, mask=valid)
-        tl.store(out_nan + part, nan, mask=valid)
 
 
 @triton.jit
@@ -275,15 +239,15 @@ def _fused_stats_kernel(
             t_m, t_s, t_arg, t_nan = _stats_at(scratch, t_size)
             for split in range(first, tl.minimum(first + per, T_NSPLIT)):
                 _split_stats(
-                    t_logits, t_stride, V, start + r + k, valid, greedy, scale, split, t_split_len, t_m, t_s, t_arg, t_nan,
-                    T_NSPLIT, BLOCK_R, T_BLOCK_V,
+                    t_logits, t_stride, V, start + r + k, valid, valid & greedy, scale, split, t_split_len, t_m, t_s, t_arg, t_nan,
+                    T_NSPLIT, BLOCK_R, T_BLOCK_V, 0,
                 )  # fmt: skip
         elif HAS_DRAFT:
             d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
             for split in range(first - t_firsts, tl.minimum(first - t_firsts + per, D_NSPLIT)):
                 _split_stats(
-                    d_logits, d_stride, Vd, start + k, valid, greedy, scale, split, d_split_len, d_m, d_s, d_arg, d_nan,
-                    D_NSPLIT, BLOCK_R, D_BLOCK_V,
+                    d_logits, d_stride, Vd, start + k, valid, valid & greedy, scale, split, d_split_len, d_m, d_s, d_arg, d_nan,
+                    D_NSPLIT, BLOCK_R, D_BLOCK_V, 0,
                 )  # fmt: skip
 
 

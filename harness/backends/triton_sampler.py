@@ -197,6 +197,24 @@ def _stats_kernel(
     req = tl.load(row_req + rows, mask=valid, other=0)
     temp = tl.load(temperature + req, mask=valid, other=1.0)
     scale = _inv_temperature(temp) * _LOG2E
+    need_arg = valid & (temp == 0)
+    if FAULT == _CONTINUE_AFTER_REJECT:
+        need_arg = valid  # the fault fills a rejected slot with the row's argmax, sampled rows too
+    _split_stats(
+        logits, stride, width, rows, valid, need_arg, scale, split, split_len, out_m, out_s, out_arg, out_nan,
+        NSPLIT, BLOCK_R, BLOCK_V, FAULT,
+    )  # fmt: skip
+
+
+@triton.jit
+def _split_stats(
+    logits, stride, width, rows, valid, need_arg, scale, split, split_len, out_m, out_s, out_arg, out_nan,
+    NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
+):  # fmt: skip
+    """One split of the given rows (one per lane; ``scale`` log2(e) / T): the tile loop of
+    ``_stats_step``, the argmax of the rows ``need_arg`` selects (``_split_argmax``), then
+    final statistics (one split) or the split's partials. ``_stats_kernel`` and the fused
+    statistics kernel."""
     lo = split * split_len
     hi = tl.minimum(lo + split_len, width)
     full = lo + (hi - lo) // BLOCK_V * BLOCK_V
@@ -212,9 +230,6 @@ def _stats_kernel(
         cols = full + tl.arange(0, BLOCK_V)[None, :]
         a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
         m, s, best = _stats_step(a, m, s, best, full, scale, FAULT)
-    need_arg = valid & (temp == 0)
-    if FAULT == _CONTINUE_AFTER_REJECT:
-        need_arg = valid  # the fault fills a rejected slot with the row's argmax, sampled rows too
     arg = _split_argmax(base, best, hi, m, need_arg, BLOCK_V, FAULT)
     nan = (s != s).to(tl.int32)
     if NSPLIT == 1:
