@@ -81,10 +81,12 @@ def _wide_layout_changes(ttgir: str) -> list[str]:
 
 def _cuda_launches(b: int, k: int, vocab: int, with_draft: bool) -> list:
     """The fused path's launches (kernel, arguments, options) for a batch of ``b`` requests of
-    ``k`` drafts each, planned as on CUDA, every method present, nothing run."""
+    ``k`` drafts each, planned as on an H100 (programmatic dependent launch on), every method
+    present, nothing run."""
     launches = []
-    on_cuda, launch = tf._on_cuda, tf.launch
+    on_cuda, launch, pdl = tf._on_cuda, tf.launch, tf._pdl
     tf._on_cuda = lambda tensor: True
+    tf._pdl = lambda device: True
     tf.launch = lambda fn, grid, *args, **options: launches.append((fn, args, options))
     i64 = dict(dtype=torch.int64)
     try:
@@ -101,7 +103,7 @@ def _cuda_launches(b: int, k: int, vocab: int, with_draft: bool) -> list:
             k,
         )
     finally:
-        tf._on_cuda, tf.launch = on_cuda, launch
+        tf._on_cuda, tf.launch, tf._pdl = on_cuda, launch, pdl
     return launches
 
 
@@ -157,6 +159,19 @@ def test_fused_kernels_keep_one_layout_per_vocabulary_tile(b, k, vocab, with_dra
     new = {name: [c for c in found if not _KNOWN_WIDE_CHANGE.search(c)] for name, found in changes.items()}
     new = {name: found for name, found in new.items() if found}
     assert not new, f"vocabulary tiles change layout: {new}"
+
+
+@pytest.mark.parametrize("b", [1, 64])
+def test_programmatic_dependent_launch_spares_the_first_kernel(b):
+    """With programmatic dependent launch on, every fused kernel after the statistics kernel
+    is launched with it (each waits for the previous one, ``gdc_wait``) and the statistics
+    kernel without: it must wait for the caller's work (inputs written, scratch memory freed by
+    earlier kernels) before it starts."""
+    launches = _cuda_launches(b, 4, 32000, True)
+    assert [fn.__name__ for fn, _, _ in launches][0] == "_fused_stats_kernel"
+    assert [options.get("launch_pdl", False) for _, _, options in launches] == [False] + [True] * (len(launches) - 1)
+    # The kernels' PDL flag (their gdc_wait) is set wherever the launch option is.
+    assert all(args[-1] is True for _, args, _ in launches)
 
 
 if __name__ == "__main__":

@@ -50,9 +50,12 @@ does not depend on how many rows the tile holds).
 Planted faults (``fault != 0``) never come here: they live in the staged kernels.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from harness.backends.triton_launch import cdiv, launch, next_power_of_2
 from harness.backends.triton_sampler import (
@@ -213,7 +216,7 @@ _COUNTS = ["K", "B", "t_size", "d_off", "d_size", "m_off", "m_size", "c_off", "n
 def _fused_stats_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, KS, B, scratch, t_size, d_off, d_size,
     t_split_len, d_split_len, per, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
-    BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Target row k (the first cdiv(T_NSPLIT, per) programs along axis 1) or draft row k (the
     next cdiv(D_NSPLIT, per)) of request r over ``per`` vocabulary splits, one (r, k < max(K, 1))
@@ -222,6 +225,8 @@ def _fused_stats_kernel(
     not depend on ``per`` (``_stats_splits_per_program``). A request's last target row (k = its
     draft count) gets no statistics: only a draw from the target row uses it, and that draw
     needs none (``_tile_weights``)."""
+    if PDL:  # the chain kernel's programs may start (and wait) while this kernel's last ones run
+        gdc_launch_dependents()
     lane = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     first = tl.program_id(1) * per
     t_firsts = tl.cdiv(T_NSPLIT, per) * per  # where the draft's programs start, in splits
@@ -302,10 +307,13 @@ def _fused_chain_kernel(
     scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, k_off, tokens, emitted,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr, PICK: tl.constexpr,
+    BLOCK_V: tl.constexpr, PICK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Final statistics of every row of its requests (merged splits), then the chain."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    if PDL:  # the inputs above are the caller's; the statistics kernel's partials below
+        gdc_wait()
+        gdc_launch_dependents()
     ks = tl.arange(0, KP).to(tl.int64)[None, :]
     scale = (_inv_temperature(temp) * _LOG2E)[:, None]
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
@@ -333,13 +341,16 @@ def _fused_mass_kernel(
     scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, k_off, tokens, emitted,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr, PICK: tl.constexpr,
+    BLOCK_V: tl.constexpr, PICK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Every draw's weight sums over this program's span of tiles (``split_len`` ids), after
     the chain ``_fused_chain_kernel`` decided: the final row of chain requests (if not a point
     mass), rows 0..n_eff of strict and block requests."""
     split = tl.program_id(1)  # the span
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
     n, rejected, n_eff = _load_chain(scratch + c_off, r, valid, B, tl.int64)  # as _chain's
     greedy = temp == 0
@@ -528,10 +539,12 @@ def _fused_pick_kernel(
     scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, k_off, tokens, emitted,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr, PICK: tl.constexpr,
+    BLOCK_V: tl.constexpr, PICK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """``_pick`` as a kernel of its own (where the mass kernel does not pick)."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    if PDL:
+        gdc_wait()
     n, rejected, n_eff = _load_chain(scratch + c_off, r, valid, B, tl.int32)
     _pick(
         t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, K, B, scratch, t_size, d_off, d_size, m_off,
@@ -546,13 +559,31 @@ _CUDA_REQUESTS = 64  # most requests per program of the chain kernels on CUDA (t
 _MASS_PROGRAMS = 256  # mass programs a call spreads its tiles over, about (measured, H100)
 _MASS_MAX_TILES = 4  # most tiles one mass program sums (measured, H100)
 _STATS_MAX_WIDTH = 4096  # widest statistics tile on CUDA (ids; 32 fp32 per thread at 4 warps)
-_STATS_PROGRAMS = 32768  # statistics programs a call spreads its splits over, at most about (measured, H100)
+_STATS_PROGRAMS = 8192  # statistics programs a call spreads its splits over, at most about (measured, H100)
 _STATS_MAX_SPLITS = 4  # most splits one statistics program reads
 # Up to this many request blocks, the last mass program of each block picks its tokens (no
 # fourth launch; up to 0.9 us less at B = 1 on an H100). Above, the pick's registers cost the
 # mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 (benchmarks/RESULTS.md,
 # issue 3, session 16). The tokens are the same either way.
 _PICK_IN_MASS_MAX_BLOCKS = 8
+# Programmatic dependent launch (Hopper and later): each kernel after the statistics kernel is
+# launched while the previous one runs and waits for it on the device, which hides its launch
+# (1-4 us less per call on an H100; benchmarks/RESULTS.md, issue 3, session 18).
+_PDL = True
+
+
+@functools.cache
+def _pdl_device(index: int) -> bool:
+    """Whether device ``index`` takes programmatic dependent launch (sm_90+) and this
+    Triton has the ``launch_pdl`` option."""
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    return torch.cuda.get_device_capability(index) >= (9, 0) and "launch_pdl" in CUDAOptions.__dataclass_fields__
+
+
+def _pdl(device) -> bool:
+    """``_PDL`` on ``device`` (a CUDA device)."""
+    return _PDL and _pdl_device(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _mass_split_len(request_blocks: int, n_tiles: int, block_v: int) -> int:
@@ -570,8 +601,9 @@ def _stats_splits_per_program(rows: int, nsplit: int) -> int:
     """Splits one ``_fused_stats_kernel`` program reads, one after the other: one each while
     a call has at most about ``_STATS_PROGRAMS`` (rows x splits), else enough to stay near
     that, up to ``_STATS_MAX_SPLITS``. At B = 1 a program's time is its loads' latency; at
-    B = 1024, K >= 4 one split per program took 5-7% longer (H100, benchmarks/RESULTS.md,
-    issue 3, session 17). A split's partials do not depend on which program reads it, so
+    B = 1024, K >= 4 one split per program took 5-7% longer (session 17), and a bound of
+    8192 programs rather than 32768 took 0-4% less time at B = 256-1024 (session 18; H100,
+    benchmarks/RESULTS.md, issue 3). A split's partials do not depend on which program reads it, so
     neither do the outputs."""
     return min(_STATS_MAX_SPLITS, nsplit, max(1, cdiv(rows * nsplit, _STATS_PROGRAMS)))
 
@@ -632,11 +664,12 @@ def verify_fused(
     ks = max(k, 1)  # statistics lanes per request: rows 0..k-1 (the last target row needs none)
     lanes = block_r if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b * ks))
     per = _stats_splits_per_program(b * ks, max(t_nsplit, d_nsplit))
+    pdl = cuda and _pdl(dev)
     launch(
         _fused_stats_kernel, (cdiv(b * ks, lanes), cdiv(t_nsplit, per) + (cdiv(d_nsplit, per) if has_draft else 0)),
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, ks, b,
         scratch, t_size, d_off, d_size, t_split_len, d_split_len, per, has_draft, t_nsplit, d_nsplit, lanes,
-        _stats_width(t_split_len, t_block_v, cuda), _stats_width(d_split_len, d_block_v, cuda),
+        _stats_width(t_split_len, t_block_v, cuda), _stats_width(d_split_len, d_block_v, cuda), pdl,
         num_warps=4,
     )  # fmt: skip
     has_synthetic = has_synthetic and synthetic_rates is not None
@@ -666,11 +699,15 @@ def verify_fused(
         lanes,
         t_block_v,
         pick_in_mass,
+        pdl,
     )
-    launch(_fused_chain_kernel, (cdiv(b, lanes),), *args, *flags, num_warps=4)
-    launch(_fused_mass_kernel, (cdiv(b, lanes), cdiv(vocab, mass_split_len)), *args, *flags, num_warps=4)
+    # After the statistics kernel each kernel may start before the previous one ends and waits
+    # for it (``gdc_wait``) before it reads what that kernel wrote; the first waits for earlier work.
+    options = {"num_warps": 4} | ({"launch_pdl": True} if pdl else {})
+    launch(_fused_chain_kernel, (cdiv(b, lanes),), *args, *flags, **options)
+    launch(_fused_mass_kernel, (cdiv(b, lanes), cdiv(vocab, mass_split_len)), *args, *flags, **options)
     if not pick_in_mass:
-        launch(_fused_pick_kernel, (cdiv(b, lanes),), *args, *flags, num_warps=4)
+        launch(_fused_pick_kernel, (cdiv(b, lanes),), *args, *flags, **options)
     return tokens, emitted
 
 
