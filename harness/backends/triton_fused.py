@@ -568,7 +568,7 @@ _STATS_MAX_SPLITS = 4  # most splits one statistics program reads
 _PICK_IN_MASS_MAX_BLOCKS = 8
 # Programmatic dependent launch (Hopper and later): each kernel after the statistics kernel is
 # launched while the previous one runs and waits for it on the device, which hides its launch
-# (1-4 us less per call on an H100; benchmarks/RESULTS.md, issue 3, session 18).
+# (1-3 us less per call on an H100; benchmarks/RESULTS.md, issue 3, session 18).
 _PDL = True
 
 
