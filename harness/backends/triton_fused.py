@@ -4,7 +4,8 @@ The staged pipeline of ``harness.backends.triton_sampler`` launches up to ten ke
 call (row statistics and their merge for target and draft, owners, chain, strict draws,
 block masses and stop, draw masses and pick) and allocates a dozen tensors. This path does
 the same work for every method in three or four launches, three allocations (outputs and
-one float64 scratch) and no host synchronization:
+one float64 scratch) and no host synchronization; on sm_90+ each launch after the first is
+programmatic (``_PDL``: it starts while the previous kernel runs and waits for it on the device):
 
 1. ``_fused_stats_kernel``, grid ((request, step) blocks, runs of target and draft splits):
    target row k or draft row k (k < the request's draft count) of request r over one split
@@ -350,7 +351,8 @@ def _fused_mass_kernel(
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
     if PDL:
         gdc_wait()
-        gdc_launch_dependents()
+        if not PICK:  # a pick kernel follows; otherwise this is the call's last kernel
+            gdc_launch_dependents()
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
     n, rejected, n_eff = _load_chain(scratch + c_off, r, valid, B, tl.int64)  # as _chain's
     greedy = temp == 0
@@ -578,7 +580,8 @@ def _pdl_device(index: int) -> bool:
     Triton has the ``launch_pdl`` option."""
     from triton.backends.nvidia.compiler import CUDAOptions
 
-    return torch.cuda.get_device_capability(index) >= (9, 0) and "launch_pdl" in CUDAOptions.__dataclass_fields__
+    nvidia = torch.version.hip is None  # ROCm reports gfx94x as capability 9.4
+    return nvidia and torch.cuda.get_device_capability(index) >= (9, 0) and "launch_pdl" in CUDAOptions.__dataclass_fields__
 
 
 def _pdl(device) -> bool:
