@@ -170,7 +170,7 @@ def test_programmatic_dependent_launch_spares_the_first_kernel(b):
     launches = _cuda_launches(b, 4, 32000, True)
     assert [fn.__name__ for fn, _, _ in launches][0] == "_fused_stats_kernel"
     assert [options.get("launch_pdl", False) for _, _, options in launches] == [False] + [True] * (len(launches) - 1)
-    # The kernels' PDL flag (their gdc_wait) is set wherever the launch option is.
+    # Every kernel's PDL flag is on: the statistics kernel's signals its dependents, the others' wait (gdc_wait).
     assert all(args[-1] is True for _, args, _ in launches)
 
 
