@@ -230,8 +230,9 @@ def _fused_stats_kernel(
     if PDL:  # the chain kernel's programs may start (and wait) while this kernel's last ones run
         gdc_launch_dependents()
     # Request-major: a lane block's ``runs`` runs of splits (target, then draft) are consecutive
-    # programs, which read its rows in order: 1-5.5% less graph time at B = 256-1024 on an H100
-    # than each split of every row in turn, within 1 us at B = 1-64 (benchmarks/RESULTS.md, issue 3, session 20).
+    # programs, which read its rows in order: 0.4-5.5% less graph time at B = 256-1024 on an H100
+    # than each split of every row in turn; at B = 64 from 1.8 us less to 1.1 us more, at B = 1
+    # within the spread (benchmarks/RESULTS.md, issue 3, session 20).
     lane = tl.program_id(0) // runs * BLOCK_R + tl.arange(0, BLOCK_R)
     first = tl.program_id(0) % runs * per
     t_firsts = tl.cdiv(T_NSPLIT, per) * per  # where the draft's programs start, in splits
