@@ -47,6 +47,11 @@ _KNOWN_WIDE_CHANGE = re.compile(r"tensor<1x2048xi1,")
 
 
 def _ttgir_sm90(fn, args, num_warps: int) -> str:
+    """``fn``'s TTGIR for sm_90 (``compile_sm90``)."""
+    return compile_sm90(fn, args, num_warps).asm["ttgir"]
+
+
+def compile_sm90(fn, args, num_warps: int):
     """``fn`` compiled for sm_90 as the JIT specializes ``args``: constexprs, None and ints
     equal to 1 as constants; tensors 16-byte aligned (CUDA allocations are); ints that are
     multiples of 16 marked so, unless the parameter is ``do_not_specialize``."""
@@ -65,8 +70,7 @@ def _ttgir_sm90(fn, args, num_warps: int) -> str:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[param.name] = "fp32"
-    compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=_SM90, options={"num_warps": num_warps})
-    return compiled.asm["ttgir"]
+    return triton.compile(ASTSource(fn, signature, constants, attrs), target=_SM90, options={"num_warps": num_warps})
 
 
 def _wide_layout_changes(ttgir: str) -> list[str]:
@@ -79,7 +83,7 @@ def _wide_layout_changes(ttgir: str) -> list[str]:
     return changes
 
 
-def _cuda_launches(b: int, k: int, vocab: int, with_draft: bool) -> list:
+def cuda_launches(b: int, k: int, vocab: int, with_draft: bool) -> list:
     """The fused path's launches (kernel, arguments, options) for a batch of ``b`` requests of
     ``k`` drafts each, planned as on an H100 (programmatic dependent launch on), every method
     present, nothing run."""
@@ -113,7 +117,7 @@ def _layout_changes(case: list) -> dict:
     if case == ["known-bad"]:
         launches = [(_transposed_store, (torch.zeros(8192), torch.zeros(8192), 2048), {})]
     else:
-        launches = _cuda_launches(*case)
+        launches = cuda_launches(*case)
     return {fn.__name__: _wide_layout_changes(_ttgir_sm90(fn, args, options.get("num_warps", 4))) for fn, args, options in launches}
 
 
@@ -167,7 +171,7 @@ def test_programmatic_dependent_launch_spares_the_first_kernel(b):
     is launched with it (each waits for the previous one, ``gdc_wait``) and the statistics
     kernel without: it must wait for the caller's work (inputs written, scratch memory freed by
     earlier kernels) before it starts."""
-    launches = _cuda_launches(b, 4, 32000, True)
+    launches = cuda_launches(b, 4, 32000, True)
     assert [fn.__name__ for fn, _, _ in launches][0] == "_fused_stats_kernel"
     assert [options.get("launch_pdl", False) for _, _, options in launches] == [False] + [True] * (len(launches) - 1)
     # Every kernel's PDL flag is on: the statistics kernel's signals its dependents, the others' wait (gdc_wait).
@@ -176,3 +180,17 @@ def test_programmatic_dependent_launch_spares_the_first_kernel(b):
 
 if __name__ == "__main__":
     print(json.dumps(_layout_changes(json.loads(sys.argv[1]))))
+
+
+def test_kernel_resources_reports_every_fused_kernel():
+    """``benchmarks/kernel_resources.py`` (registers of the sm_90 compiles, no GPU) prints a register count
+    for each kernel of a planned call."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, str(_ROOT / "benchmarks" / "kernel_resources.py"), "--shapes", "1,1,32000"],
+        cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    regs = dict(re.findall(r"(_fused_\w+): reg (\d+)", done.stdout))
+    assert set(regs) == {"_fused_stats_kernel", "_fused_chain_kernel", "_fused_mass_kernel"}, done.stdout
+    assert all(0 < int(n) <= 255 for n in regs.values()), regs
