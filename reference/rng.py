@@ -25,6 +25,7 @@ class Stream(IntEnum):
     TARGET = 3  # the target's own sample (strict method)
     BLOCK = 4  # block verification's per-step uniform
     DRAFT = 5  # the harness's own draft sampling (never used by a sampler)
+    CANDIDATE = 6  # the Triton sampler's residual candidates (drawn from the target row, then tested)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

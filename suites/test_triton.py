@@ -326,6 +326,52 @@ def test_tail_tokens_drawn_at_their_rate(path, residual):
     _binomial_check(int((tokens[:, 0] != 0).sum()), n, rate, 0.5 * rate)
 
 
+# --- residual candidates ---------------------------------------------------------------------------
+def _rejection_batch(vocab, n, noise):
+    """n requests with one target row, one draft row (the target plus Gaussian ``noise``) and
+    one fixed draft, the token the draft over-weights most (rejected with probability
+    1 - p/q there); seeds and positions differ, so the replacements are independent draws."""
+    rng = np.random.default_rng(23)
+    target = rng.normal(0.0, 1.5, vocab).astype(np.float32)
+    draft = (target + rng.normal(0.0, noise, vocab)).astype(np.float32)
+    x = int(np.argmax(draft - target))
+    batch = VerifyBatch(
+        np.tile(np.stack([target, target]), (n, 1)), np.tile(draft, (n, 1)), np.full(n, x, np.int64),
+        np.arange(n + 1, dtype=np.int64), np.ones(n), 11 + np.arange(n, dtype=np.int64) * 7919,
+        np.arange(2 * n, dtype=np.int64) * 13, np.zeros(n, np.int8), None, 1,
+    ).validate()  # fmt: skip
+    p, q = (np.exp(r.astype(np.float64) - r.max()) for r in (target, draft))
+    p, q = p / p.sum(), q / q.sum()
+    return batch, np.maximum(p - q, 0.0), 1.0 - min(1.0, p[x] / q[x])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("noise,kept", [(0.3, False), (2.0, True)], ids=["mostly-fallbacks", "mostly-kept"])
+def test_rejection_replacements_have_the_residual_law(path, noise, kept, monkeypatch):
+    """A rejected draft's replacement is drawn by residual candidates (``_residual_candidates``),
+    or, when none of a request's 8 is kept, from the residual's masses: either way its law is
+    max(p - q, 0) / R. Pearson chi-square over the rejections' tokens against it (cells pooled to
+    >= 5 expected), alpha 1e-6; the rejections detect TV 0.1 with power 0.99 (requests: that
+    many over the rejection's probability, and a fifth more). R = 0.07: (1 - R)^8 = 0.56 of the
+    requests fall back; R = 0.67: nearly none. Which one ran shows against the draw without
+    candidates (``_CANDIDATES`` 0), whose token a fallback keeps."""
+    vocab = 64
+    needed = stats.trials_for_tv(ALPHA, POWER, 0.1, vocab - 1)
+    n = math.ceil(1.2 * needed / _rejection_batch(vocab, 1, noise)[2])
+    batch, residual, _ = _rejection_batch(vocab, n, noise)
+    tokens, emitted = _sample(batch, path=path)
+    monkeypatch.setattr(ts, "_CANDIDATES", 0)
+    plain, _ = _sample(batch, path=path)
+    rejected = emitted == 1
+    got = np.bincount(tokens[rejected, 0], minlength=vocab).astype(np.float64)
+    want = residual / residual.sum() * rejected.sum()
+    assert stats.detectable_tv(ALPHA, POWER, vocab - 1, int(rejected.sum())) <= 0.1, f"only {rejected.sum()} rejections"
+    result = stats.chi_square_test(got, want, stats.pool_cells(want), with_ci=False)
+    assert result.p_value > ALPHA, f"replacements vs the residual: chi2 {result.statistic:.1f}, df {result.df}, p {result.p_value:.3g}"
+    same = float(np.mean(tokens[rejected, 0] == plain[rejected, 0]))
+    assert (same < 0.3) if kept else (same > 0.3), f"{same:.2f} of the replacements are the fallback's token"
+
+
 # --- reproducibility --------------------------------------------------------------------------------
 def _mixed_requests(rng, vocab, n):
     methods = [Method.STANDARD, Method.STRICT, Method.BLOCK, Method.SYNTHETIC]
@@ -496,6 +542,12 @@ def _rows_with_drafts(counts):
     return torch.arange(len(owner), device=counts.device) - first[owner] < counts[owner]
 
 
+def _staged_group(vocab, cuda, block_v=None, splits=None) -> int:
+    """The group width the staged path's target statistics sum by (``verify``: residual candidates on)."""
+    draw_v = ts._tiles(vocab, cuda, block_v, splits)[0]
+    return ts._candidate_plan(vocab, draw_v, draw_v)[0] if ts._CANDIDATES else 0
+
+
 @pytest.mark.parametrize("splits_per_program", [1, 2])
 def test_fused_final_statistics_are_the_staged_ones(monkeypatch, splits_per_program):
     """The fused chain kernel's merge of split statistics stores the staged path's final
@@ -526,7 +578,8 @@ def test_fused_final_statistics_are_the_staged_ones(monkeypatch, splits_per_prog
         if with_draft:
             sides.append((t["draft_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts), d_at, None))
         for logits, owner, start, rows in sides:
-            want = ts._Stats(logits.to(torch.float32), owner, temperature, False, (block_v, splits))
+            group = _staged_group(vocab, False, block_v, splits) if rows is not None else 0
+            want = ts._Stats(logits.to(torch.float32), owner, temperature, False, (block_v, splits), group=group)
             sampled = (temperature[owner] > 0) & (want.bad == 0)
             assert torch.all(want.arg[sampled] == 2**31 - 1), "a sampled row's argmax is not computed (_NO_ID)"
             _assert_stats_equal(scratch[start : start + 4 * len(owner)].view(4, -1), want, f"V={vocab}", rows=rows)
@@ -735,7 +788,7 @@ def test_gpu_fused_final_statistics_are_the_staged_ones(vocab, b, k, monkeypatch
     ]
     at = len(scratch) - b - 4 * (len(target) + len(draft))  # the final statistics, then the counters
     for name, (logits, owner, rows) in zip(("target", "draft"), sides):
-        want = ts._Stats(logits, owner, temps.to(torch.float64), True)
+        want = ts._Stats(logits, owner, temps.to(torch.float64), True, group=_staged_group(vocab, True) if name == "target" else 0)
         n = len(owner)
         _assert_stats_equal(scratch[at : at + 4 * n].view(4, n), want, name, log_sum_order_bound=True, rows=rows)
         at += 4 * n

@@ -28,6 +28,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from harness.backends import triton_fused as tf  # noqa: E402
+from harness.backends import triton_sampler as ts  # noqa: E402
 
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,11 +154,12 @@ def test_the_detector_sees_a_wide_layout_change():
     ids=["B1-K1-V32000", "B64-K4-V131072", "B3-K8-V152064-no-draft"],
 )
 def test_fused_kernels_keep_one_layout_per_vocabulary_tile(b, k, vocab, with_draft):
-    """Every fused kernel (statistics, chain, masses with or without the pick, the pick; strict,
+    """Every fused kernel (statistics, chain, residual candidates, masses with or without the pick, the pick; strict,
     block and synthetic code included) compiles for sm_90 without changing the layout of a vocabulary-wide tile,
     but for the known mask (``_KNOWN_WIDE_CHANGE``, a 2048-wide boolean tile)."""
     changes = _compiled_in_child([b, k, vocab, with_draft])
-    kernels = ["_fused_stats_kernel", "_fused_chain_kernel", "_fused_mass_kernel"]
+    kernels = ["_fused_stats_kernel", "_fused_chain_kernel"] + (["_fused_candidate_kernel"] if ts.candidates_for(vocab, True) else [])
+    kernels += ["_fused_mass_kernel"]
     # One request per program at these vocabularies: B request blocks.
     assert list(changes) == kernels + ([] if b <= tf._PICK_IN_MASS_MAX_BLOCKS else ["_fused_pick_kernel"])
     new = {name: [c for c in found if not _KNOWN_WIDE_CHANGE.search(c)] for name, found in changes.items()}

@@ -3,7 +3,7 @@
 The staged pipeline of ``harness.backends.triton_sampler`` launches up to ten kernels per
 call (row statistics and their merge for target and draft, owners, chain, strict draws,
 block masses and stop, draw masses and pick) and allocates a dozen tensors. This path does
-the same work for every method in three or four launches, three allocations (outputs and
+the same work for every method in three to five launches, three allocations (outputs and
 one float64 scratch) and no host synchronization; on sm_90+ each launch after the first is
 programmatic (``_PDL``: it starts while the previous kernel runs and waits for it on the device):
 
@@ -16,11 +16,18 @@ programmatic (``_PDL``: it starts while the previous kernel runs and waits for i
    partials otherwise. A request's last target row
    (the bonus row) gets none: only a draw from the target row uses it, and such a draw
    weighs each tile relative to the tile's own max (``_tile_weights``), so it reads that row
-   once, in the mass kernel, instead of twice.
+   once, in the mass kernel, instead of twice. With residual candidates (``candidates_for``)
+   the target rows' tiles also store their group sums (``_grouped_stats_step``), and the
+   kernel is capped at ``_STATS_MAX_REGISTERS`` on CUDA.
 2. ``_fused_chain_kernel``, grid (request blocks): merges the split partials of every row
    of its requests into final statistics (``_merge_splits``, as ``_combine_kernel``: once per
    row, so no later kernel merges), decides every step of the acceptance chain at once
    (standard, greedy, synthetic) and block verification's running ratios, and writes them.
+2b. ``_fused_candidate_kernel``, grid (request blocks), one warp on CUDA: a chain method's
+   rejection draws its replacement by rejection from the target row (``_residual_candidates``:
+   ``candidates_for`` candidates, each reading one group of ids), so that request needs no
+   masses of its rows, which would be their second read; one none of whose candidates is
+   kept draws below, the same law.
 3. ``_fused_mass_kernel``, grid (request blocks, spans of tiles): sums over each tile of its
    span the weights of every draw its requests may need: the residual or bonus row of a
    chain request, every row up to the first placeholder of a strict or block request (a
@@ -59,6 +66,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from harness.backends import triton_sampler
 from harness.backends.triton_launch import cdiv, launch, next_power_of_2
 from harness.backends.triton_sampler import (
     _ACCEPT,
@@ -71,11 +79,14 @@ from harness.backends.triton_sampler import (
     _SYNTHETIC,
     _TARGET,
     TritonBackend,
+    _candidate_plan,
+    _candidate_width,
     _combine_rows,
     _draw_from_masses,
     _draw_from_tiles,
     _inv_temperature,
     _job_tile_masses,
+    _residual_candidates,
     _split_stats,
     _split_tile_masses,
     _tile_masses,
@@ -217,8 +228,9 @@ _COUNTS = ["K", "B", "t_size", "d_off", "d_size", "m_off", "m_size", "c_off", "n
 @triton.jit(do_not_specialize=_STATS_COUNTS)
 def _fused_stats_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, KS, B, scratch, t_size, d_off, d_size,
-    t_split_len, d_split_len, per, runs, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr,
-    BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr, PDL: tl.constexpr,
+    t_split_len, d_split_len, per, runs, g_sum, g_tile, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr,
+    D_NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Target row k (the first cdiv(T_NSPLIT, per) of a lane block's ``runs``) or draft row k (the
     next cdiv(D_NSPLIT, per)) of request r over ``per`` vocabulary splits, one (r, k < max(K, 1))
@@ -251,21 +263,23 @@ def _fused_stats_kernel(
             for split in range(first, tl.minimum(first + per, T_NSPLIT)):
                 _split_stats(
                     t_logits, t_stride, V, start + r + k, valid, valid & greedy, scale, split, t_split_len, t_m, t_s, t_arg, t_nan,
-                    T_NSPLIT, BLOCK_R, T_BLOCK_V, 0,
+                    g_sum, g_tile, T_NSPLIT, BLOCK_R, T_BLOCK_V, 0, GROUP,
                 )  # fmt: skip
         elif HAS_DRAFT:
             d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
             for split in range(first - t_firsts, tl.minimum(first - t_firsts + per, D_NSPLIT)):
                 _split_stats(
                     d_logits, d_stride, Vd, start + k, valid, valid & greedy, scale, split, d_split_len, d_m, d_s, d_arg, d_nan,
-                    D_NSPLIT, BLOCK_R, D_BLOCK_V, 0,
+                    g_sum, g_tile, D_NSPLIT, BLOCK_R, D_BLOCK_V, 0, 0,
                 )  # fmt: skip
 
 
 @triton.jit
-def _store_chain(chain, r, mask, n, rejected, n_eff, rhos, K, B, HAS_BLOCK: tl.constexpr, KP: tl.constexpr):
-    """The chain's decisions into the scratch (read back by ``_load_chain``)."""
+def _store_chain(chain, r, mask, n, rejected, n_eff, rhos, kept, K, B, HAS_BLOCK: tl.constexpr, KP: tl.constexpr):
+    """The chain's decisions into the scratch (read back by ``_load_chain``), with the kept
+    residual candidate of a rejection (-1: none, or no rejection)."""
     tl.store(chain + r, n, mask=mask)
+    tl.store(chain + (K + 4) * B + r, kept, mask=mask)
     tl.store(chain + B + r, rejected.to(tl.int32), mask=mask)
     tl.store(chain + 2 * B + r, n_eff, mask=mask)
     if HAS_BLOCK:
@@ -274,13 +288,14 @@ def _store_chain(chain, r, mask, n, rejected, n_eff, rhos, K, B, HAS_BLOCK: tl.c
 
 
 @triton.jit
-def _load_chain(chain, r, valid, B, INT: tl.constexpr):
-    """``n``, ``rejected`` and ``n_eff`` (as ``INT``) as ``_store_chain`` stored them (block
-    verification's ratios are read one per lane where needed)."""
+def _load_chain(chain, r, valid, K, B, INT: tl.constexpr):
+    """``n``, ``rejected``, ``n_eff`` (as ``INT``) and the kept candidate (int64) as
+    ``_store_chain`` stored them (block verification's ratios are read one per lane where needed)."""
     n = tl.load(chain + r, mask=valid, other=0).to(INT)
     rejected = tl.load(chain + B + r, mask=valid, other=0) != 0
     n_eff = tl.load(chain + 2 * B + r, mask=valid, other=0).to(INT)
-    return n, rejected, n_eff
+    kept = tl.load(chain + (K + 4) * B + r, mask=valid, other=-1).to(tl.int64)
+    return n, rejected, n_eff, kept
 
 
 @triton.jit
@@ -311,9 +326,11 @@ def _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT: tl.constexpr, D_NSP
 def _fused_chain_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
     scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, k_off, tokens, emitted,
+    g_sum, g_tile, tile_width,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr, PICK: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Final statistics of every row of its requests (merged splits), then the chain."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
@@ -336,18 +353,60 @@ def _fused_chain_kernel(
         positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
         HAS_DRAFT, HAS_SYNTH, HAS_BLOCK, KP,
     )  # fmt: skip
-    _store_chain(scratch + c_off, r, valid, n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
+    kept = tl.zeros_like(start) - 1  # ``_fused_candidate_kernel`` stores the kept candidates
+    _store_chain(scratch + c_off, r, valid, n, rejected, n_eff, rhos, kept, K, B, HAS_BLOCK, KP)
     if PICK:
         tl.store(scratch + k_off + tl.program_id(0), 0.0)  # the mass kernel's counter of this block
+
+
+@triton.jit(do_not_specialize=_COUNTS)
+def _fused_candidate_kernel(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
+    scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, k_off, tokens, emitted,
+    g_sum, g_tile, tile_width,
+    HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
+    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """A chain method's rejection (``_fused_chain_kernel``'s decision): its replacement from the
+    residual by candidates (``_residual_candidates``), if one is kept; ``_load_chain`` reads it."""
+    r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int64)
+    need = valid & rejected & (temp != 0)
+    if HAS_STRICT:
+        need = need & (method != _STRICT)
+    if HAS_BLOCK:
+        need = need & (method != _BLOCK)
+    if tl.max(need.to(tl.int32), axis=0) > 0:
+        t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
+        trow = start + r + n
+        m, logs, arg, bad = _final_stats(t_m, t_s, t_arg, t_nan, trow, need)
+        need = need & ~bad
+        c_trow, c_drow, c_m, c_logs2, c_dm, c_dlogs2, c_scale, c_rho, c_act, c_resid, c_use_draft, c_excl = _job(
+            d_m, d_s, d_arg, d_nan, drafts, trow, start + n, m, logs, tl.where(need, 1.0, -1.0), need,
+            _inv_temperature(temp) * _LOG2E, HAS_DRAFT,
+        )  # fmt: skip
+        kept = _residual_candidates(
+            t_logits, t_stride, V, d_logits, d_stride, Vd, g_sum, g_tile, tile_width, c_trow, c_drow, c_m, c_logs2, c_dm,
+            c_dlogs2, c_scale, c_rho, c_use_draft, c_excl, c_act, seed[:, None], tl.load(positions + trow, mask=need, other=0)[:, None],
+            HAS_DRAFT, N, GROUP, NTP, GPT,
+        )  # fmt: skip
+        tl.store(scratch + c_off + (K + 4) * B + r, kept, mask=need)
 
 
 @triton.jit(do_not_specialize=_COUNTS)
 def _fused_mass_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
     scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, k_off, tokens, emitted,
+    g_sum, g_tile, tile_width,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr, PICK: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Every draw's weight sums over this program's span of tiles (``split_len`` ids), after
     the chain ``_fused_chain_kernel`` decided: the final row of chain requests (if not a point
@@ -359,7 +418,7 @@ def _fused_mass_kernel(
         if not PICK:  # a pick kernel follows; otherwise this is the call's last kernel
             gdc_launch_dependents()
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
-    n, rejected, n_eff = _load_chain(scratch + c_off, r, valid, B, tl.int64)  # as _chain's
+    n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int64)  # as _chain's
     greedy = temp == 0
     scale = _inv_temperature(temp) * _LOG2E
     strict = valid & False
@@ -370,7 +429,7 @@ def _fused_mass_kernel(
         blk = valid & (method == _BLOCK)
     seq = strict | blk  # a draw may come from any row up to the first placeholder
     first = tl.where(seq, 0, n)
-    count = tl.where(seq, n_eff + 1, valid.to(tl.int64)).to(tl.int32)
+    count = tl.where(seq, n_eff + 1, (valid & (kept < 0)).to(tl.int64)).to(tl.int32)  # a kept candidate: no draw
     rho_chain = tl.where(strict, -1.0, tl.where(rejected, 1.0, -1.0))
     mass_w = scratch + m_off
     for i in range(0, tl.max(count, axis=0)):
@@ -405,7 +464,7 @@ def _fused_mass_kernel(
             _pick(
                 t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, K, B, scratch, t_size, d_off, d_size,
                 m_off, m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method,
-                n.to(tl.int32), rejected, n_eff.to(tl.int32), HAS_DRAFT, HAS_STRICT, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP, NT, BLOCK_V,
+                n.to(tl.int32), rejected, n_eff.to(tl.int32), kept, HAS_DRAFT, HAS_STRICT, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP, NT, BLOCK_V,
             )  # fmt: skip
 
 
@@ -432,13 +491,14 @@ def _draw(
 @triton.jit
 def _pick(
     t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, K, B, scratch, t_size, d_off, d_size, m_off,
-    m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method, n, rejected, n_eff,
+    m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method, n, rejected, n_eff, kept,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_BLOCK: tl.constexpr, T_NSPLIT: tl.constexpr,
     D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """Strict requests' target samples, block verification's stop, the final draw and every
-    output slot of the requests ``r``, from the chain (``n``, ``rejected``, ``n_eff`` int32) as
-    ``_fused_chain_kernel`` decided it and the masses of ``_fused_mass_kernel``."""
+    output slot of the requests ``r``, from the chain (``n``, ``rejected``, ``n_eff`` int32; a
+    rejection's ``kept`` candidate, -1 none) as ``_fused_chain_kernel`` decided it and the
+    masses of ``_fused_mass_kernel``."""
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
     ks = tl.arange(0, KP)[None, :]
     x = tl.load(drafts + start[:, None] + ks, mask=valid[:, None] & (ks < cnt[:, None]), other=-1)
@@ -511,7 +571,7 @@ def _pick(
     # written) are read but not used.
     from_tiles = valid & (rho_fin < 0) & ~strict_rejected
     row = row0 + fin
-    may_draw = valid & ~strict_rejected
+    may_draw = valid & ~strict_rejected & (kept < 0)
     m, logs, pt, bad = _final_stats(t_m, t_s, t_arg, t_nan, row, valid & ~from_tiles)
     j_trow, j_drow, j_m, j_logs2, j_dm, j_dlogs2, j_scale, j_rho, j_active, j_resid, j_use_draft, j_excl = _job(
         d_m, d_s, d_arg, d_nan, drafts, row, start + fin, m, logs, rho_fin, may_draw, scale, HAS_DRAFT
@@ -535,6 +595,7 @@ def _pick(
             j_active, j_resid, j_use_draft, j_excl, tiles, use_w, u, HAS_DRAFT, 0, BLOCK_V,
         )  # fmt: skip
         token = tl.where(draw, drawn, token)
+    token = tl.where(kept >= 0, kept, token)
     out = tl.where(ks < fin[:, None], x, tl.where(ks == fin[:, None], token[:, None], -1))
     tl.store(tokens + r[:, None] * (K + 1) + ks, out, mask=valid[:, None] & (ks <= K))
     tl.store(emitted + r, fin + 1, mask=valid)
@@ -544,18 +605,20 @@ def _pick(
 def _fused_pick_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, seeds, positions, methods, drafts, rates, K, B,
     scratch, t_size, d_off, d_size, m_off, m_size, c_off, split_len, n_tiles, f_off, k_off, tokens, emitted,
+    g_sum, g_tile, tile_width,
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_V: tl.constexpr, PICK: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """``_pick`` as a kernel of its own (where the mass kernel does not pick)."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
     if PDL:
         gdc_wait()
-    n, rejected, n_eff = _load_chain(scratch + c_off, r, valid, B, tl.int32)
+    n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int32)
     _pick(
         t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, K, B, scratch, t_size, d_off, d_size, m_off,
-        m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method, n, rejected, n_eff,
+        m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method, n, rejected, n_eff, kept,
         HAS_DRAFT, HAS_STRICT, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP, NT, BLOCK_V,
     )  # fmt: skip
 
@@ -568,6 +631,10 @@ _MASS_MAX_TILES = 4  # most tiles one mass program sums (measured, H100)
 _STATS_MAX_WIDTH = 4096  # widest statistics tile on CUDA (ids; 32 fp32 per thread at 4 warps)
 _STATS_PROGRAMS = 8192  # statistics programs a call spreads its splits over, at most about (measured, H100)
 _STATS_MAX_SPLITS = 4  # most splits one statistics program reads
+# Storing the group sums made ptxas (Triton 3.6) give the statistics kernel 96 registers where
+# 64 suffice with no spill (compiled for sm_90 offline, benchmarks/kernel_resources.py): 64
+# keeps its occupancy (8 programs per SM).
+_STATS_MAX_REGISTERS = 64
 # Up to this many request blocks, the last mass program of each block picks its tokens (no
 # fourth launch; up to 0.9 us less at B = 1 on an H100). Above, the pick's registers cost the
 # mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 (benchmarks/RESULTS.md,
@@ -637,7 +704,7 @@ def verify_fused(
     synthetic_rates, max_drafts: int, *, has_strict: bool = True, has_block: bool = True, has_synthetic: bool = True,
     block_v: int | None = None, splits: int | None = None,
 ):  # fmt: skip
-    """``triton_sampler.verify``'s contract (the same outputs) in three or four launches, three
+    """``triton_sampler.verify``'s contract (the same outputs) in three to five launches, three
     allocations and no host synchronization. ``has_*`` only prune code, as there."""
     dev = target_logits.device
     cuda = _on_cuda(target_logits)
@@ -662,10 +729,18 @@ def verify_fused(
     n_tiles = cdiv(vocab, t_block_v)
     m_size = b * (k + 1) * n_tiles
     c_off = m_off + 2 * m_size
-    f_off = c_off + b * (k + 4)  # final statistics where the vocabulary has several splits
+    # The target rows' group sums and tile references (float32 pairs, ``_store_groups``) for residual candidates.
+    g_off = c_off + b * (k + 5)
+    t_width = _stats_width(t_split_len, t_block_v, cuda)
+    candidates = triton_sampler.candidates_for(vocab, cuda)
+    group, ntp, gpt = _candidate_plan(vocab, t_block_v, t_width)
+    g_size, r_size = n_t * cdiv(vocab, group), n_t * cdiv(vocab, t_width) * 2
+    f_off = g_off + cdiv(g_size + r_size, 2)  # final statistics where the vocabulary has several splits
     f_size = 4 * n_t * (t_nsplit > 1) + 4 * n_d * (d_nsplit > 1)
     k_off = f_off + f_size  # the mass kernel's counters, one per request block (at most b)
     scratch = torch.empty(k_off + b, dtype=torch.float64, device=dev)
+    groups = scratch[g_off:f_off].view(torch.float32)
+    g_sum, g_tile = groups[:g_size], groups[g_size : g_size + r_size]
     temperature = temperature.to(torch.float64)
     # CUDA: the staged path's tiles (one (request, step) per program for V >= 2048). The
     # interpreter pays per element of a tile, valid or not: no more lanes than needed.
@@ -677,20 +752,26 @@ def verify_fused(
     launch(
         _fused_stats_kernel, (cdiv(b * ks, lanes) * runs,),
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, ks, b,
-        scratch, t_size, d_off, d_size, t_split_len, d_split_len, per, runs, has_draft, t_nsplit, d_nsplit, lanes,
-        _stats_width(t_split_len, t_block_v, cuda), _stats_width(d_split_len, d_block_v, cuda), pdl,
-        num_warps=4,
+        scratch, t_size, d_off, d_size, t_split_len, d_split_len, per, runs, g_sum, g_tile, has_draft, t_nsplit, d_nsplit, lanes,
+        t_width, _stats_width(d_split_len, d_block_v, cuda), group if candidates else 0, pdl,
+        num_warps=4, **({"maxnreg": _STATS_MAX_REGISTERS} if cuda and candidates else {}),
     )  # fmt: skip
     has_synthetic = has_synthetic and synthetic_rates is not None
     # CUDA: one request per program for V >= 2048; at tiny vocabularies at most as many as the
     # staged chain kernel holds (Triton 3.6 took 6 min to compile [1024 lanes, 16 steps] tiles).
-    lanes = min(block_r, _CUDA_REQUESTS) if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b))
+    # The interpreter: a lane's widest tile is a draw tile or its candidates' groups.
+    lanes = (
+        min(block_r, _CUDA_REQUESTS)
+        if cuda
+        else min(_CPU_TILE // max(t_block_v, _candidate_width(candidates, ntp, gpt, group)), next_power_of_2(b))
+    )
     mass_split_len = _mass_split_len(cdiv(b, lanes), n_tiles, t_block_v)
     pick_in_mass = cdiv(b, lanes) <= _PICK_IN_MASS_MAX_BLOCKS
     args = (
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature,
         seeds, positions, methods, draft_tokens, synthetic_rates if has_synthetic else temperature, k, b,
         scratch, t_size, d_off, d_size, m_off, m_size, c_off, mass_split_len, n_tiles, f_off, k_off, tokens, emitted,
+        g_sum, g_tile, t_width,
     )  # fmt: skip
     # Steps padded to a power of two, at least 2 (a masked step costs nothing): Triton 3.6
     # failed on a [lanes, 1] step tile before the step indices were int64.
@@ -708,12 +789,18 @@ def verify_fused(
         lanes,
         t_block_v,
         pick_in_mass,
+        candidates,
+        group,
+        ntp,
+        gpt,
         pdl,
     )
     # After the statistics kernel each kernel may start before the previous one ends and waits
     # for it (``gdc_wait``) before it reads what that kernel wrote; the first waits for earlier work.
     options = {"num_warps": 4} | ({"launch_pdl": True} if pdl else {})
     launch(_fused_chain_kernel, (cdiv(b, lanes),), *args, *flags, **options)
+    if candidates:  # one warp: its reductions need no shared memory
+        launch(_fused_candidate_kernel, (cdiv(b, lanes),), *args, *flags, **(options | ({"num_warps": 1} if cuda else {})))
     launch(_fused_mass_kernel, (cdiv(b, lanes), cdiv(vocab, mass_split_len)), *args, *flags, **options)
     if not pick_in_mass:
         launch(_fused_pick_kernel, (cdiv(b, lanes),), *args, *flags, **options)

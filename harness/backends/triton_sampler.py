@@ -7,7 +7,7 @@ launches a fixed pipeline with no host synchronization:
    per target and draft row, an online log-sum-exp of ``logits / T`` over vocabulary
    tiles (max, log of the sum of exponentials, degenerate flag, and for greedy rows the
    argmax with ties to the lowest id: only a point mass's token uses it).
-2. Strict requests only: the target's own sample ``y`` of every row they verify (as 5.).
+2. Strict requests only: the target's own sample ``y`` of every row they verify (as 6.).
 3. ``_chain_kernel``: one lane per request, a loop over draft steps: acceptance of every
    chain method (standard, strict, synthetic; greedy is standard at T = 0), and the running
    ratios ``rho`` of block requests. Tokens fixed by a point mass (T = 0, a degenerate row,
@@ -15,7 +15,11 @@ launches a fixed pipeline with no host synchronization:
    target row or from a residual ``max(rho * target - draft, 0)``.
 4. Block requests only: ``_mass_kernel`` (residual masses of the inner rows) and
    ``_block_kernel`` (the stop position, Sun et al. 2024).
-5. ``_mass_kernel`` + ``_pick_kernel``: each job's token by inverse CDF. The first pass
+5. ``_candidate_kernel`` (not under planted faults, which live in the draw): a chain method's
+   rejection draws its replacement by rejection from the target row (``_residual_candidates``),
+   reading one 64-id group per candidate (the target statistics store group sums for it); a
+   request none of whose candidates is kept goes on to 6.
+6. ``_mass_kernel`` + ``_pick_kernel``: each job's token by inverse CDF. The first pass
    sums the weights per vocabulary tile (programs per split); the second picks the tile
    holding ``u * total`` from those sums and scans only that tile with fp64 running sums.
    ``u`` has 52 random bits, so a token 1e-12 below the total is drawn at its rate (vLLM #43150 starved tokens
@@ -29,7 +33,7 @@ output depends on its own inputs only, and tiles depend on the vocabulary alone.
 Conventions follow ``reference`` (block verification's running ratio stays 0 once 0:
 ``0 * inf = 0``, as ``reference.rules.block_step``).
 
-The fused path (``harness.backends.triton_fused``) gives the same outputs in three or four launches;
+The fused path (``harness.backends.triton_fused``) gives the same outputs in three to five launches;
 ``path`` chooses, and the default takes it up to a batch size per vocabulary (``takes_fused_path``).
 """
 
@@ -56,6 +60,7 @@ _ACCEPT = tl.constexpr(int(Stream.ACCEPT))
 _RESIDUAL = tl.constexpr(int(Stream.RESIDUAL))
 _TARGET = tl.constexpr(int(Stream.TARGET))
 _BLOCK_STREAM = tl.constexpr(int(Stream.BLOCK))
+_CANDIDATE = tl.constexpr(int(Stream.CANDIDATE))
 _TWO_M52 = tl.constexpr(2.220446049250313e-16)  # 2**-52
 _MAX_INV_T = tl.constexpr(1e30)  # 1/T for tiny T: keeps (a - max) * inv_t finite, ties intact
 _LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: a finite "nothing seen yet"
@@ -133,6 +138,19 @@ def _uniform(seed, position, stream: tl.constexpr):
     return (bits.to(tl.float64) + 0.5) * _TWO_M52
 
 
+@triton.jit
+def _uniform_pair(seed, position, index, stream: tl.constexpr):
+    """Two float64 uniforms keyed by (seed, position, index, stream), mapped as ``_uniform``'s
+    (index 0 gives ``_uniform``'s first): one Philox call, its four words."""
+    zero = seed * 0 + position * 0 + index * 0  # int64, the broadcast shape
+    pos = position + zero
+    c1 = (pos & 0xFFFFFFFF).to(tl.uint32)
+    r0, r1, r2, r3 = tl.philox(seed + zero, (index + zero).to(tl.uint32), c1, (pos >> 32).to(tl.uint32), (zero + stream).to(tl.uint32))
+    first = (r0.to(tl.uint64) << 20) | (r1 >> 12).to(tl.uint64)
+    second = (r2.to(tl.uint64) << 20) | (r3 >> 12).to(tl.uint64)
+    return (first.to(tl.float64) + 0.5) * _TWO_M52, (second.to(tl.float64) + 0.5) * _TWO_M52
+
+
 # --- per-row statistics -----------------------------------------------------------------------
 @triton.jit
 def _inv_temperature(temp):
@@ -160,6 +178,34 @@ def _stats_step(a, m, s, best, start, scale, FAULT: tl.constexpr):
 
 
 @triton.jit
+def _grouped_stats_step(
+    base, rows, valid, start, hi, width, m, s, best, scale, g_sum, g_tile, BLOCK_V: tl.constexpr, GROUP: tl.constexpr
+):  # fmt: skip
+    """``_stats_step`` over the tile at ``start`` with its terms summed by groups of ``GROUP``
+    ids first: stores the group sums relative to the running max after the tile into ``g_sum``
+    [row, group], and that max and the tile's sum into ``g_tile`` [row, tile, 2]
+    (``_residual_candidates`` reads them). The tile's sum adds its group sums, another order
+    than ``_stats_step``'s. Storing a [rows, groups] tensor per tile makes Triton 3.6's ptxas
+    give the kernel 96 registers where 64 suffice: the fused path caps it
+    (``_STATS_MAX_REGISTERS``)."""
+    g = start // GROUP + tl.arange(0, BLOCK_V // GROUP)[None, :]
+    cols = start + tl.arange(0, BLOCK_V)[None, :]
+    a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
+    tile_max = tl.max(a, axis=1)
+    best = tl.where(tile_max > m, start, best)  # strict: the first tile holding the max
+    new_m = tl.maximum(m, tile_max)
+    terms = tl.exp2((a - new_m[:, None]) * scale[:, None])
+    sums = tl.sum(tl.reshape(terms, [terms.shape[0], BLOCK_V // GROUP, GROUP]), axis=2)
+    tile_sum = tl.sum(sums, axis=1)
+    at = rows.to(tl.int64)
+    tl.store(g_sum + at[:, None] * tl.cdiv(width, GROUP) + g, sums, mask=valid[:, None] & (g < tl.cdiv(width, GROUP)))
+    tile = (at * tl.cdiv(width, BLOCK_V) + start // BLOCK_V) * 2
+    tl.store(g_tile + tile, new_m, mask=valid)
+    tl.store(g_tile + tile + 1, tile_sum, mask=valid)
+    return new_m, s * tl.exp2((m - new_m) * scale) + tile_sum, best
+
+
+@triton.jit
 def _split_argmax(base, best, hi, m, need, BLOCK_V: tl.constexpr, FAULT: tl.constexpr):
     """The lowest id holding the max ``m`` in the tile at ``best`` (below ``hi``) of the rows
     ``need`` selects, by reading that tile again; ``_NO_ID`` for the other rows. Only a point
@@ -180,8 +226,8 @@ def _split_argmax(base, best, hi, m, need, BLOCK_V: tl.constexpr, FAULT: tl.cons
 @triton.jit(do_not_specialize=["n_rows"])
 def _stats_kernel(
     logits, stride, width, n_rows, row_req, temperature,
-    out_m, out_s, out_arg, out_nan,
-    split_len, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
+    out_m, out_s, out_arg, out_nan, g_sum, g_tile,
+    split_len, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr, GROUP: tl.constexpr,
 ):  # fmt: skip
     """Max, sum of exp((a - max) / T), argmax and NaN flag of ``BLOCK_R`` rows over one split.
 
@@ -201,20 +247,21 @@ def _stats_kernel(
     if FAULT == _CONTINUE_AFTER_REJECT:
         need_arg = valid  # the fault fills a rejected slot with the row's argmax, sampled rows too
     _split_stats(
-        logits, stride, width, rows, valid, need_arg, scale, split, split_len, out_m, out_s, out_arg, out_nan,
-        NSPLIT, BLOCK_R, BLOCK_V, FAULT,
+        logits, stride, width, rows, valid, need_arg, scale, split, split_len, out_m, out_s, out_arg, out_nan, g_sum, g_tile,
+        NSPLIT, BLOCK_R, BLOCK_V, FAULT, GROUP,
     )  # fmt: skip
 
 
 @triton.jit
 def _split_stats(
-    logits, stride, width, rows, valid, need_arg, scale, split, split_len, out_m, out_s, out_arg, out_nan,
-    NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr,
+    logits, stride, width, rows, valid, need_arg, scale, split, split_len, out_m, out_s, out_arg, out_nan, g_sum, g_tile,
+    NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr, GROUP: tl.constexpr,
 ):  # fmt: skip
     """One split of the given rows (one per lane; ``scale`` log2(e) / T): the tile loop of
     ``_stats_step``, the argmax of the rows ``need_arg`` selects (``_split_argmax``), then
-    final statistics (one split) or the split's partials. ``_stats_kernel`` and the fused
-    statistics kernel."""
+    final statistics (one split) or the split's partials; with ``GROUP`` > 0 also each tile's
+    group sums (``_grouped_stats_step``: a target row's, for residual candidates).
+    ``_stats_kernel`` and the fused statistics kernel."""
     lo = split * split_len
     hi = tl.minimum(lo + split_len, width)
     full = lo + (hi - lo) // BLOCK_V * BLOCK_V
@@ -222,14 +269,18 @@ def _split_stats(
     m = tl.full([BLOCK_R], _LOWEST, tl.float32)
     s = tl.zeros([BLOCK_R], tl.float32)
     best = tl.zeros([BLOCK_R], tl.int32) + lo
-    for start in range(lo, full, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)[None, :]
-        a = tl.load(base + cols, mask=valid[:, None], other=float("-inf")).to(tl.float32)
-        m, s, best = _stats_step(a, m, s, best, start, scale, FAULT)
-    if full < hi:
-        cols = full + tl.arange(0, BLOCK_V)[None, :]
-        a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
-        m, s, best = _stats_step(a, m, s, best, full, scale, FAULT)
+    if GROUP > 0:
+        for start in range(lo, hi, BLOCK_V):
+            m, s, best = _grouped_stats_step(base, rows, valid, start, hi, width, m, s, best, scale, g_sum, g_tile, BLOCK_V, GROUP)
+    else:
+        for start in range(lo, full, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)[None, :]
+            a = tl.load(base + cols, mask=valid[:, None], other=float("-inf")).to(tl.float32)
+            m, s, best = _stats_step(a, m, s, best, start, scale, FAULT)
+        if full < hi:
+            cols = full + tl.arange(0, BLOCK_V)[None, :]
+            a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
+            m, s, best = _stats_step(a, m, s, best, full, scale, FAULT)
     arg = _split_argmax(base, best, hi, m, need_arg, BLOCK_V, FAULT)
     nan = (s != s).to(tl.int32)
     if NSPLIT == 1:
@@ -590,6 +641,107 @@ def _draw_from_tiles(
     return token, use_w
 
 
+# --- residual candidates: a rejected draft's replacement without a second read of its rows ----------
+@triton.jit
+def _choose_in(mass, threshold):
+    """``_choose_tile`` along the last axis of [lanes, N, X] masses (the N axis may be 1 and
+    broadcast) for [lanes, N] thresholds: the first item whose running mass passes the
+    threshold, and the fraction of its mass still below it (rounding past the total: the last
+    item of positive mass, fraction 1)."""
+    idx = tl.arange(0, mass.shape[2])[None, None, :]
+    running = tl.cumsum(mass, axis=2)
+    first = tl.min(tl.where((mass > 0) & (running > threshold[:, :, None]), idx, _NO_ID), axis=2)
+    found = first != _NO_ID
+    item = tl.maximum(tl.where(found, first, tl.max(tl.where(mass > 0, idx, -1), axis=2)), 0)
+    at = idx == item[:, :, None]
+    mass_at = tl.sum(tl.where(at, mass, 0.0), axis=2)
+    below = tl.sum(tl.where(at, running, 0.0), axis=2) - mass_at
+    frac = tl.where(found, (threshold - below) / tl.where(mass_at > 0, mass_at, 1.0), 1.0)
+    return item, tl.minimum(frac, 1.0)
+
+
+@triton.jit
+def _residual_candidates(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, g_sum, g_tile, tile_width, trow, drow, m, logs2, dm, dlogs2, scale,
+    rho, use_draft, excl, act, seed, pos,
+    HAS_DRAFT: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr, GPT: tl.constexpr,
+):  # fmt: skip
+    """A residual draw by rejection from the target row, one per active lane ([lanes, 1]
+    columns as ``_job`` gives them; ``seed`` and ``pos`` too): N candidates y ~ target, each by
+    inverse CDF in three steps from what the statistics stored (``_grouped_stats_step``): a
+    statistics tile by its sum, a group of ``GROUP`` ids in it by the group sums, then an id in
+    the group, whose ``GROUP`` target and draft logits are the only ones read. Candidate y is
+    kept with probability max(rho t(y) - q(y), 0) / t(y) (its own uniform): the residual is at
+    most the target, so the first kept has the residual's law exactly. -1 where none was kept:
+    the caller then draws from the residual's masses over the whole row, whose law is the
+    same. Candidate i's two uniforms: (seed, position, i, stream CANDIDATE). ``NTP`` >= the
+    row's tiles, ``GPT`` = groups per tile (``_candidate_plan``)."""
+    grow = trow.to(tl.int64)
+    n_tiles = tl.cdiv(V, tile_width)
+    ti = tl.arange(0, NTP)[None, :]
+    live = act & (ti < n_tiles)
+    tile = (grow * n_tiles + ti) * 2
+    ref = tl.load(g_tile + tile, mask=live, other=0.0)
+    tiles = tl.where(live, tl.load(g_tile + tile + 1, mask=live, other=0.0).to(tl.float64) * tl.exp2((ref - m) * scale).to(tl.float64), 0.0)
+    ci = tl.arange(0, N)[None, :]
+    u, v = _uniform_pair(seed, pos, ci, _CANDIDATE)  # [lanes, N]: where, and whether kept
+    picked, frac = _choose_in(tiles[:, None, :], u * tl.sum(tiles, axis=1)[:, None])
+    # The groups of the picked tile share its reference max: their sums are its relative masses.
+    groups = picked[:, :, None] * GPT + tl.arange(0, GPT)[None, None, :]
+    gmask = act[:, :, None] & (groups < tl.cdiv(V, GROUP))
+    masses = tl.load(g_sum + grow[:, :, None] * tl.cdiv(V, GROUP) + groups, mask=gmask, other=0.0).to(tl.float64)
+    group, frac = _choose_in(masses, frac * tl.sum(masses, axis=2))
+    # Inside the group, ``_tile_weights``' residual weights w and normalized target weights t.
+    cols = (picked * GPT + group)[:, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
+    scale = scale[:, :, None]
+    a = tl.load(t_logits + grow[:, :, None] * t_stride + cols, mask=act[:, :, None] & (cols < V), other=float("-inf"))
+    t = tl.exp2((a.to(tl.float32) - m[:, :, None]) * scale - logs2[:, :, None])
+    q = tl.zeros_like(t)
+    if HAS_DRAFT:
+        dmask = use_draft[:, :, None] & (cols < Vd)
+        b = tl.load(d_logits + drow.to(tl.int64)[:, :, None] * d_stride + cols, mask=dmask, other=float("-inf"))
+        q = tl.exp2((b.to(tl.float32) - dm[:, :, None]) * scale - dlogs2[:, :, None])
+    w = tl.where(cols == excl[:, :, None], 0.0, tl.maximum(rho[:, :, None] * t - q, 0.0))
+    t64 = t.to(tl.float64)
+    passed = (tl.cumsum(t64, axis=2) > (frac * tl.sum(t64, axis=2))[:, :, None]) & (t > 0)
+    y = tl.min(tl.where(passed, cols, _NO_ID), axis=2)
+    y = tl.where(y == _NO_ID, tl.max(tl.where(t > 0, cols, -1), axis=2), y)  # rounding at the group's end
+    at = cols == y[:, :, None]
+    t_y = tl.sum(tl.where(at, t, 0.0), axis=2).to(tl.float64)
+    w_y = tl.sum(tl.where(at, w, 0.0), axis=2).to(tl.float64)
+    first = tl.min(tl.where(act & (y >= 0) & (v * t_y < w_y), ci, N), axis=1)
+    token = tl.sum(tl.where(ci == first[:, None], y, 0), axis=1).to(tl.int64)
+    return tl.where(first < N, token, -1)
+
+
+@triton.jit(do_not_specialize=["n_jobs", "K"])
+def _candidate_kernel(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_logs, d_m, d_logs, d_bad,
+    job_trow, job_req, job_rho, n_jobs, temperature, seeds, positions, drafts, methods, g_sum, g_tile, tile_width,
+    out, emitted, K, HAS_DRAFT: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
+    GPT: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """The staged path's residual candidates (``_residual_candidates``): each request's final
+    job that replaces a rejected draft of a chain method (not block verification's, whose
+    stop needs its row's masses anyway) writes the kept candidate into the request's last
+    slot and leaves the job (``job_trow`` -1), so the mass and pick kernels skip it."""
+    jobs, req, act, trow1, trow, drow, m, logs2, dm, dlogs2, scale, rho, active, resid, use_draft, excl = _job_rows(
+        job_trow, job_req, job_rho, n_jobs, temperature, drafts, t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT, BLOCK_R, 0
+    )
+    need = act & (tl.load(job_rho + jobs, mask=act, other=-1.0) >= 0)
+    need = need & (tl.load(methods + req, mask=need, other=0).to(tl.int32) != _BLOCK)
+    if tl.max(need.to(tl.int32), axis=0) > 0:
+        seed = tl.load(seeds + req, mask=need, other=0)
+        pos = tl.load(positions + trow1, mask=need, other=0)
+        token = _residual_candidates(
+            t_logits, t_stride, V, d_logits, d_stride, Vd, g_sum, g_tile, tile_width, trow, drow, m, logs2, dm, dlogs2,
+            scale, rho, use_draft, excl, need[:, None], seed[:, None], pos[:, None], HAS_DRAFT, N, GROUP, NTP, GPT,
+        )  # fmt: skip
+        kept = need & (token >= 0)
+        tl.store(out + jobs * (K + 1) + tl.load(emitted + jobs, mask=kept, other=1) - 1, token, mask=kept)
+        tl.store(job_trow + jobs, -1, mask=kept)
+
+
 @triton.jit(do_not_specialize=["n_jobs", "K"])
 def _pick_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_logs, d_m, d_logs, d_bad,
@@ -866,6 +1018,42 @@ def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | Non
     return block_v, block_r, cdiv(vocab, split_len), split_len
 
 
+# Residual candidates (``_residual_candidates``): a rejected draft's replacement is drawn by
+# rejection from the target row, reading one group of ids of the target and draft rows per
+# candidate instead of both rows whole (a second read after the statistics'). With ``_CANDIDATES``
+# candidates a request falls back to the residual's masses over the whole row with probability
+# (1 - R)^N, R the residual's mass (the rejection's chance at that step). On an H100 (issue 3,
+# session 21, benchmarks/RESULTS.md) they took B = 256, K = 1 from 144.0 / 165.6 us to 137.1 /
+# 154.0 (V = 131072 / 152064) and B = 1, K = 8, V = 152064 from 21.9 to 24.0; with 16 candidates
+# in the chain kernel instead of 8 in a one-warp kernel of their own, B = 1 took 2-3x as long.
+# At V = 32000 they cost more than the row reads they save (B = 64, K = 1: 29.0 -> 35.5 us,
+# slower than vLLM MRV2), so CUDA uses them from ``_CANDIDATE_MIN_VOCAB_CUDA`` ids on.
+_CANDIDATES = 8
+_GROUP = 64  # ids per group
+_CANDIDATE_MIN_VOCAB_CUDA = 65536
+
+
+def candidates_for(vocab: int, cuda: bool) -> int:
+    """Residual candidates per rejection of a request of ``vocab`` ids (0: none): a request's
+    output depends on its vocabulary and its own inputs, never on its batch mates."""
+    return _CANDIDATES if not cuda or vocab >= _CANDIDATE_MIN_VOCAB_CUDA else 0
+
+
+def _candidate_plan(vocab: int, block_v: int, tile_width: int) -> tuple[int, int, int]:
+    """(GROUP, NTP, GPT) of ``_residual_candidates`` for a vocabulary whose draw tiles are
+    ``block_v`` wide and statistics tiles ``tile_width``: the group (never wider than a draw
+    tile, so the paths' groups are the same ids), the row's tiles padded to a power of two
+    and the groups per statistics tile."""
+    group = min(_GROUP, block_v)
+    return group, next_power_of_2(cdiv(vocab, tile_width)), tile_width // group
+
+
+def _candidate_width(candidates: int, ntp: int, gpt: int, group: int) -> int:
+    """Elements per lane of ``_residual_candidates``' widest tile (the interpreter's lanes stay
+    within Triton's largest tensor)."""
+    return candidates * max(group, gpt, ntp)
+
+
 def _tile_masses_width(n_tiles: int, lanes: int, cuda: bool) -> int:
     """``_tile_masses``' NT: a power of two >= n_tiles. On CUDA at least 128 / lanes (and 4):
     Triton 3.6 fails to lower the draw's cumulative sum over a tile smaller than a program's
@@ -888,16 +1076,19 @@ class _Stats:
     """Final per-row statistics: max logit, log of the sum of exp((a - max) / T), argmax
     (greedy rows; ``_NO_ID`` for the others, which never use it), degenerate flag."""
 
-    def __init__(self, logits, row_req, temperature, cuda: bool, tiles: tuple = (None, None), fault: int = 0):
+    def __init__(self, logits, row_req, temperature, cuda: bool, tiles: tuple = (None, None), fault: int = 0, group: int = 0):
+        """``group`` > 0: also each tile's group sums (``_store_groups``) for residual candidates."""
         rows, width = logits.shape
         dev = logits.device
         self.m = torch.empty(rows, dtype=torch.float32, device=dev)
         self.logs = torch.empty(rows, dtype=torch.float32, device=dev)
         self.arg = torch.empty(rows, dtype=torch.int32, device=dev)
         self.bad = torch.empty(rows, dtype=torch.int8, device=dev)
+        block_v, block_r, nsplit, split_len = _tiles(width, cuda, *tiles)
+        self.g_sum = torch.empty(rows * cdiv(width, group) if group else 0, dtype=torch.float32, device=dev)
+        self.g_tile = torch.empty(rows * cdiv(width, block_v) * 2 if group else 0, dtype=torch.float32, device=dev)
         if rows == 0:
             return
-        block_v, block_r, nsplit, split_len = _tiles(width, cuda, *tiles)
         grid = (cdiv(rows, block_r), nsplit)
         warps = 4
         if nsplit == 1:
@@ -906,8 +1097,9 @@ class _Stats:
             outs = tuple(torch.empty(rows * nsplit, dtype=d, device=dev) for d in (torch.float32, torch.float32, torch.int32, torch.int32))
         launch(
             _stats_kernel, grid,
-            logits, logits.stride(0), width, rows, row_req, temperature, *outs, split_len, nsplit, block_r, block_v,
-            _planted(_stats_kernel, fault),
+            logits, logits.stride(0), width, rows, row_req, temperature, *outs,
+            self.g_sum if group else self.m, self.g_tile if group else self.m, split_len, nsplit, block_r, block_v,
+            _planted(_stats_kernel, fault), group,
             num_warps=warps,
         )  # fmt: skip
         if nsplit > 1:
@@ -965,7 +1157,7 @@ class _Context:
         )  # fmt: skip
 
 
-# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3-4 launches, 3
+# ``path="auto"`` takes the fused path (``harness.backends.triton_fused``: 3-5 launches, 3
 # allocations, no host sync, no statistics of a request's last target row) for small batches
 # and the staged pipeline (~10 launches, a dozen allocations) above. Interpreter (CPU): up to
 # 256 requests, where the fused path's fewer programs pay. CUDA: up to 2**28 logits per row
@@ -1037,7 +1229,11 @@ def verify(
     launch(_owners_kernel, grid_req, cu_num_drafts, t_req, d_req, k, b, req_block)
     if fault == _TEMPERATURE_TWICE:  # the caller's division; the kernels divide once more
         target_logits = (target_logits / torch.where(temperature > 0, temperature, 1.0)[t_req, None]).to(target_logits.dtype)
-    t_stats = _Stats(target_logits, t_req, temperature, cuda, (block_v, splits), fault)
+    # Planted faults live in the draw's mass and pick kernels: with one, every residual is drawn there.
+    candidates = candidates_for(vocab, cuda) if fault == 0 else 0
+    draw_v = _tiles(vocab, cuda, block_v, splits)[0]
+    group, ntp, gpt = _candidate_plan(vocab, draw_v, draw_v)
+    t_stats = _Stats(target_logits, t_req, temperature, cuda, (block_v, splits), fault, group if candidates else 0)
     d_temperature = temperature
     if fault == _DRAFT_BEFORE_TEMPERATURE.value:  # draft statistics of the raw logits (T = 1)
         d_temperature = torch.where(temperature > 0, 1.0, temperature)
@@ -1077,7 +1273,16 @@ def verify(
             mass, ctx.n_tiles, rho_buf, tokens, emitted, fin_trow, fin_rho, has_draft, _mass_chunk(req_block, ctx.n_tiles, cuda),
             req_block, _planted(_block_kernel, fault),
         )  # fmt: skip
-    ctx.draw(fin_trow, torch.arange(b, device=dev), fin_rho, int(Stream.RESIDUAL), tokens, emitted, k)
+    requests = torch.arange(b, device=dev)
+    if candidates:
+        lanes = min(ctx.block_r, next_power_of_2(b), max(1, (1 << 16) // _candidate_width(candidates, ntp, gpt, group)))
+        launch(
+            _candidate_kernel, (cdiv(b, lanes),),
+            *ctx.common, fin_trow, requests, fin_rho, b, temperature, seeds, positions, draft_tokens, methods,
+            t_stats.g_sum, t_stats.g_tile, draw_v, tokens, emitted, k, has_draft, candidates, group, ntp, gpt, lanes,
+            num_warps=1 if cuda else ctx.warps,
+        )  # fmt: skip
+    ctx.draw(fin_trow, requests, fin_rho, int(Stream.RESIDUAL), tokens, emitted, k)
     return tokens, emitted
 
 

@@ -1,8 +1,7 @@
-"""Session 21's A/B of the residual-candidate patches (``benchmarks/RESULTS.md``, issue 3): graph time of
-the default (fused) Triton call with ``triton_sampler._CANDIDATES`` set to each variant in one process.
+"""Residual candidates on and off (``benchmarks/RESULTS.md``, issue 3, session 21): graph time of the
+default (fused) Triton call with ``triton_sampler._CANDIDATES`` set to each variant in one process.
 
-After ``git apply benchmarks/patches/residual-candidates-*.patch``, on a GPU machine:
-``AB_VARIANTS=0,8 AB_SHAPES='256,1,131072;1,8,152064' python benchmarks/patches/ab_session21.py``
+On a GPU machine: ``AB_VARIANTS=0,8 AB_SHAPES='256,1,131072;1,8,152064' python benchmarks/ab_candidates.py``
 (writes ``$OUT/ab.json`` or ``./ab.json``). Per shape and variant: ``do_bench`` medians (us) of the call
 captured in a CUDA graph, ``AB_REPS`` runs; with candidates on, whether the fused path's tokens equal the
 staged path's; the share of requests that rejected; the share whose tokens equal the first variant's;
@@ -13,7 +12,7 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
