@@ -275,11 +275,11 @@ def _fused_stats_kernel(
 
 
 @triton.jit
-def _store_chain(chain, r, mask, n, rejected, n_eff, rhos, kept, K, B, HAS_BLOCK: tl.constexpr, KP: tl.constexpr):
-    """The chain's decisions into the scratch (read back by ``_load_chain``), with the kept
-    residual candidate of a rejection (-1: none, or no rejection)."""
+def _store_chain(chain, r, mask, n, rejected, n_eff, rhos, K, B, HAS_BLOCK: tl.constexpr, KP: tl.constexpr):
+    """The chain's decisions into the scratch (read back by ``_load_chain``), and no kept
+    residual candidate (-1) yet: ``_fused_candidate_kernel``, where it runs, stores its own."""
     tl.store(chain + r, n, mask=mask)
-    tl.store(chain + (K + 4) * B + r, kept, mask=mask)
+    tl.store(chain + (K + 4) * B + r, tl.zeros_like(r) - 1, mask=mask)
     tl.store(chain + B + r, rejected.to(tl.int32), mask=mask)
     tl.store(chain + 2 * B + r, n_eff, mask=mask)
     if HAS_BLOCK:
@@ -353,8 +353,7 @@ def _fused_chain_kernel(
         positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
         HAS_DRAFT, HAS_SYNTH, HAS_BLOCK, KP,
     )  # fmt: skip
-    kept = tl.zeros_like(start) - 1  # ``_fused_candidate_kernel`` stores the kept candidates
-    _store_chain(scratch + c_off, r, valid, n, rejected, n_eff, rhos, kept, K, B, HAS_BLOCK, KP)
+    _store_chain(scratch + c_off, r, valid, n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
     if PICK:
         tl.store(scratch + k_off + tl.program_id(0), 0.0)  # the mass kernel's counter of this block
 
@@ -729,12 +728,13 @@ def verify_fused(
     n_tiles = cdiv(vocab, t_block_v)
     m_size = b * (k + 1) * n_tiles
     c_off = m_off + 2 * m_size
-    # The target rows' group sums and tile references (float32 pairs, ``_store_groups``) for residual candidates.
+    # The target rows' group sums and each tile's max and sum (float32, ``_grouped_stats_step``),
+    # where requests use residual candidates.
     g_off = c_off + b * (k + 5)
     t_width = _stats_width(t_split_len, t_block_v, cuda)
     candidates = triton_sampler.candidates_for(vocab, cuda)
     group, ntp, gpt = _candidate_plan(vocab, t_block_v, t_width)
-    g_size, r_size = n_t * cdiv(vocab, group), n_t * cdiv(vocab, t_width) * 2
+    g_size, r_size = (n_t * cdiv(vocab, group), n_t * cdiv(vocab, t_width) * 2) if candidates else (0, 0)
     f_off = g_off + cdiv(g_size + r_size, 2)  # final statistics where the vocabulary has several splits
     f_size = 4 * n_t * (t_nsplit > 1) + 4 * n_d * (d_nsplit > 1)
     k_off = f_off + f_size  # the mass kernel's counters, one per request block (at most b)

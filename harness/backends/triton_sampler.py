@@ -1077,7 +1077,7 @@ class _Stats:
     (greedy rows; ``_NO_ID`` for the others, which never use it), degenerate flag."""
 
     def __init__(self, logits, row_req, temperature, cuda: bool, tiles: tuple = (None, None), fault: int = 0, group: int = 0):
-        """``group`` > 0: also each tile's group sums (``_store_groups``) for residual candidates."""
+        """``group`` > 0: also each tile's group sums (``_grouped_stats_step``) for residual candidates."""
         rows, width = logits.shape
         dev = logits.device
         self.m = torch.empty(rows, dtype=torch.float32, device=dev)
