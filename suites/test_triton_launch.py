@@ -88,6 +88,25 @@ def test_a_launch_hook_sends_launches_back_through_triton():
     assert not tlaunch._hooks_installed()
 
 
+def test_launch_each_shares_a_key_only_between_kernels_of_one_signature(monkeypatch):
+    """``launch_each`` computes one specialization key for all its kernels: it refuses kernels
+    whose constexpr parameters sit elsewhere (the key would be another kernel's), before any
+    launch. Compiled-kernel objects (``JITFunction``) even under the interpreter, which has no
+    direct launches of its own."""
+    from triton.runtime.jit import JITFunction
+
+    def copy(src, dst, n, BLOCK: tl.constexpr):
+        pass
+
+    def fill(dst, n: tl.constexpr, BLOCK: tl.constexpr, value):
+        pass
+
+    monkeypatch.setattr(tlaunch, "_direct_possible", lambda: True)
+    dst = torch.empty(8)
+    with pytest.raises(TypeError, match=r"\['copy', 'fill'\] differ in their constexpr parameters"):
+        tlaunch.launch_each([(JITFunction(copy), (1,), {}), (JITFunction(fill), (1,), {})], dst, dst, 8, 8)
+
+
 def test_grid_arithmetic_matches_triton():
     for n in range(0, 3000):
         assert tlaunch.next_power_of_2(n) == triton.next_power_of_2(n)

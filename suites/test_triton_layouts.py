@@ -89,10 +89,11 @@ def cuda_launches(b: int, k: int, vocab: int, with_draft: bool) -> list:
     ``k`` drafts each, planned as on an H100 (programmatic dependent launch on), every method
     present, nothing run."""
     launches = []
-    on_cuda, launch, pdl = tf._on_cuda, tf.launch, tf._pdl
+    on_cuda, launch, launch_each, pdl = tf._on_cuda, tf.launch, tf.launch_each, tf._pdl
     tf._on_cuda = lambda tensor: True
     tf._pdl = lambda device: True
     tf.launch = lambda fn, grid, *args, **options: launches.append((fn, args, options))
+    tf.launch_each = lambda each, *args: launches.extend((fn, args, options) for fn, _, options in each)
     i64 = dict(dtype=torch.int64)
     try:
         tf.verify_fused(
@@ -108,7 +109,7 @@ def cuda_launches(b: int, k: int, vocab: int, with_draft: bool) -> list:
             k,
         )
     finally:
-        tf._on_cuda, tf.launch, tf._pdl = on_cuda, launch, pdl
+        tf._on_cuda, tf.launch, tf.launch_each, tf._pdl = on_cuda, launch, launch_each, pdl
     return launches
 
 

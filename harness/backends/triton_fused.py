@@ -27,7 +27,9 @@ programmatic (``_PDL``: it starts while the previous kernel runs and waits for i
    rejection draws its replacement by rejection from the target row (``_residual_candidates``:
    ``candidates_for`` candidates, each reading one group of ids), so that request needs no
    masses of its rows, which would be their second read; one none of whose candidates is
-   kept draws below, the same law.
+   kept draws below, the same law. A request whose candidate is kept is finished here (its
+   output slots and emitted count): the mass and pick kernels skip it, and a request block
+   with nothing left skips the pick (at B = 1, K = 8, V = 152064 on an H100, 23.6 -> 21.3 us).
 3. ``_fused_mass_kernel``, grid (request blocks, spans of tiles): sums over each tile of its
    span the weights of every draw its requests may need: the residual or bonus row of a
    chain request, every row up to the first placeholder of a strict or block request (a
@@ -49,8 +51,13 @@ rescales its running sum once, and Triton lays a kernel's tiles out by what the 
 seen compiling with Triton 3.8): the fp32 split sums differ in the last bits. On an H100
 (Triton 3.6, session 15's equal tiles) the per-split sums were 1-4 ulps apart and the final
 log-sums 1-3 ulps in some rows; the merges gave equal bits from equal partials; maxima,
-argmaxes and flags are equal. A draw moves only when its uniform lies within such an ulp of a
-token's boundary (about 1e-7 of draws); tokens agreed in every GPU comparison.
+argmaxes and flags are equal. A draw from the masses moves only when its uniform lies within
+such an ulp of a token's boundary (about 1e-7 of draws). A residual candidate is placed by the
+stored tile and group sums, whose last-bit differences shift the boundaries inside the chosen
+group by the row's mass over the group's: on an H100 (session 22) one request of 1,024 at
+B = 1024, K = 8 (V = 131072, and again at 152064, where 92% rejected) drew the neighbouring id
+on one path, none at B = 512, K = 8 or B = 1024, K <= 4; with candidates off the paths agreed
+on every token. Either token has the residual's law up to that rounding.
 ``suites/test_triton.py`` checks tokens on both devices, the final statistics bit for bit
 under the interpreter and within a summation-order bound on CUDA. The interpreter takes the
 largest tiles Triton allows (it pays per operation and per program; a reduction over a row
@@ -67,7 +74,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from harness.backends import triton_sampler
-from harness.backends.triton_launch import cdiv, launch, next_power_of_2
+from harness.backends.triton_launch import cdiv, launch, launch_each, next_power_of_2
 from harness.backends.triton_sampler import (
     _ACCEPT,
     _BLOCK,
@@ -369,8 +376,12 @@ def _fused_candidate_kernel(
     GPT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """A chain method's rejection (``_fused_chain_kernel``'s decision): its replacement from the
-    residual by candidates (``_residual_candidates``), if one is kept; ``_load_chain`` reads it."""
+    residual by candidates (``_residual_candidates``), if one is kept; ``_load_chain`` reads it.
+    A request whose candidate is kept is finished here (its output slots and emitted count), so
+    the mass and pick kernels have nothing left to do for it."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    ks = tl.arange(0, KP)[None, :]
+    x = tl.load(drafts + start[:, None] + ks, mask=valid[:, None] & (ks < cnt[:, None]), other=-1)  # the caller's
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -384,7 +395,8 @@ def _fused_candidate_kernel(
         t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
         trow = start + r + n
         m, logs, arg, bad = _final_stats(t_m, t_s, t_arg, t_nan, trow, need)
-        need = need & ~bad
+        # Every load below is masked by ``need``, not by the row's degenerate flag: they go out
+        # with the statistics' instead of after them. A degenerate row's candidates are dropped.
         c_trow, c_drow, c_m, c_logs2, c_dm, c_dlogs2, c_scale, c_rho, c_act, c_resid, c_use_draft, c_excl = _job(
             d_m, d_s, d_arg, d_nan, drafts, trow, start + n, m, logs, tl.where(need, 1.0, -1.0), need,
             _inv_temperature(temp) * _LOG2E, HAS_DRAFT,
@@ -394,7 +406,12 @@ def _fused_candidate_kernel(
             c_dlogs2, c_scale, c_rho, c_use_draft, c_excl, c_act, seed[:, None], tl.load(positions + trow, mask=need, other=0)[:, None],
             HAS_DRAFT, N, GROUP, NTP, GPT,
         )  # fmt: skip
+        kept = tl.where(bad, -1, kept)
         tl.store(scratch + c_off + (K + 4) * B + r, kept, mask=need)
+        done = need & (kept >= 0)
+        out = tl.where(ks < n[:, None], x, tl.where(ks == n[:, None], kept[:, None], -1))
+        tl.store(tokens + r[:, None] * (K + 1) + ks, out, mask=done[:, None] & (ks <= K))
+        tl.store(emitted + r, n + 1, mask=done)
 
 
 @triton.jit(do_not_specialize=_COUNTS)
@@ -454,7 +471,8 @@ def _fused_mass_kernel(
             j_active, j_resid, j_use_draft, j_excl, act, split, split_len, mass_w + at, mass_w + m_size + at,
             HAS_DRAFT, 0, BLOCK_V,
         )  # fmt: skip
-    if PICK:
+    # A block whose requests all kept a candidate is finished (``_fused_candidate_kernel``).
+    if PICK and tl.max((valid & (kept < 0)).to(tl.int32), axis=0) > 0:
         # The last of this request block's mass programs picks its tokens (no fourth launch). The
         # barrier puts every thread's stores before the counter's release (Triton's layer-norm
         # tutorial's lock); the acquire puts the other programs' stores before the pick's loads.
@@ -615,11 +633,12 @@ def _fused_pick_kernel(
     if PDL:
         gdc_wait()
     n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int32)
-    _pick(
-        t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, K, B, scratch, t_size, d_off, d_size, m_off,
-        m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method, n, rejected, n_eff, kept,
-        HAS_DRAFT, HAS_STRICT, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP, NT, BLOCK_V,
-    )  # fmt: skip
+    if tl.max((valid & (kept < 0)).to(tl.int32), axis=0) > 0:  # else finished by the candidate kernel
+        _pick(
+            t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, K, B, scratch, t_size, d_off, d_size, m_off,
+            m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method, n, rejected, n_eff, kept,
+            HAS_DRAFT, HAS_STRICT, HAS_BLOCK, T_NSPLIT, D_NSPLIT, KP, NT, BLOCK_V,
+        )  # fmt: skip
 
 
 # --- host side ----------------------------------------------------------------------------------
@@ -798,12 +817,14 @@ def verify_fused(
     # After the statistics kernel each kernel may start before the previous one ends and waits
     # for it (``gdc_wait``) before it reads what that kernel wrote; the first waits for earlier work.
     options = {"num_warps": 4} | ({"launch_pdl": True} if pdl else {})
-    launch(_fused_chain_kernel, (cdiv(b, lanes),), *args, *flags, **options)
+    # The kernels after the statistics share one signature and these arguments (``launch_each``).
+    launches = [(_fused_chain_kernel, (cdiv(b, lanes),), options)]
     if candidates:  # one warp: its reductions need no shared memory
-        launch(_fused_candidate_kernel, (cdiv(b, lanes),), *args, *flags, **(options | ({"num_warps": 1} if cuda else {})))
-    launch(_fused_mass_kernel, (cdiv(b, lanes), cdiv(vocab, mass_split_len)), *args, *flags, **options)
+        launches.append((_fused_candidate_kernel, (cdiv(b, lanes),), options | ({"num_warps": 1} if cuda else {})))
+    launches.append((_fused_mass_kernel, (cdiv(b, lanes), cdiv(vocab, mass_split_len)), options))
     if not pick_in_mass:
-        launch(_fused_pick_kernel, (cdiv(b, lanes),), *args, *flags, **options)
+        launches.append((_fused_pick_kernel, (cdiv(b, lanes),), options))
+    launch_each(launches, *args, *flags)
     return tokens, emitted
 
 

@@ -1024,8 +1024,11 @@ def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | Non
 # candidates a request falls back to the residual's masses over the whole row with probability
 # (1 - R)^N, R the residual's mass (the rejection's chance at that step). On an H100 (issue 3,
 # session 21, benchmarks/RESULTS.md) they took B = 256, K = 1 from 144.0 / 165.6 us to 137.1 /
-# 154.0 (V = 131072 / 152064) and B = 1, K = 8, V = 152064 from 21.9 to 24.0; with 16 candidates
-# in the chain kernel instead of 8 in a one-warp kernel of their own, B = 1 took 2-3x as long.
+# 154.0 (V = 131072 / 152064) and B = 1, K = 8, V = 152064 from 21.9 to 24.0, 21.3 once the
+# candidate kernel finished a request whose candidate it kept (session 22). With 16 candidates in
+# the 4-warp chain kernel instead of 8 in a one-warp kernel of their own, B = 1 took 2-3x as long;
+# with candidates in the chain kernel at one warp, 64 us at B = 1, K = 8, V = 152064 (and 29.0
+# against 21.6 at V = 131072, where no draft was rejected: one warp slows the chain itself).
 # At V = 32000 they cost more than the row reads they save (B = 64, K = 1: 29.0 -> 35.5 us,
 # slower than vLLM MRV2), so CUDA uses them from ``_CANDIDATE_MIN_VOCAB_CUDA`` ids on.
 _CANDIDATES = 8
