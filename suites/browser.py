@@ -3,6 +3,7 @@ errors and exceptions, evaluate JavaScript, take a screenshot. No downloads: it 
 system's ``chromium`` (Debian's package; ``.ci/run`` installs it)."""
 
 import base64
+import importlib.util
 import json
 import os
 import re
@@ -11,8 +12,6 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-
-import websocket
 
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -23,6 +22,16 @@ FLAGS = [
 
 def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def unavailable() -> str | None:
+    """Why a ``Browser`` cannot run here (None: it can). The GPU machines have neither
+    Chromium nor websocket-client: the report tests that need them skip there, the rest run."""
+    if chromium_path() is None:
+        return "no chromium on PATH (apt-get install chromium; .ci/run does)"
+    if importlib.util.find_spec("websocket") is None:
+        return "no websocket-client (pip install -r requirements-test.txt)"
+    return None
 
 
 class Browser:
@@ -42,6 +51,8 @@ class Browser:
             raise RuntimeError("chromium did not start its DevTools endpoint")
         pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
         target = next(p for p in pages if p.get("type") == "page")
+        import websocket  # websocket-client: imported here so that this module loads without it (``unavailable``)
+
         self.ws = websocket.create_connection(target["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
         self.next_id = 0
         self.events = []

@@ -14,12 +14,12 @@ from harness.history import HistoryError, append_run, load
 from harness.profiles import get_profile
 from harness.report import write_outputs
 from harness.runner import run
-from suites.browser import Browser, chromium_path
+from suites.browser import Browser, unavailable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCREENSHOTS = os.path.join(ROOT, "reports", "screenshots")
 EVIL = "<img src=x onerror=window.__pwned=1><script>window.__pwned=2</script>"
-needs_chromium = pytest.mark.skipif(chromium_path() is None, reason="no chromium on PATH (apt-get install chromium; .ci/run does)")
+needs_browser = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def browser():
     b.close()
 
 
-@needs_chromium
+@needs_browser
 def test_run_report_renders_without_errors(run_doc, browser):
     browser.open(run_doc["report"])
     assert browser.evaluate("document.querySelectorAll('table tr').length") > 20
@@ -60,7 +60,7 @@ def test_run_report_renders_without_errors(run_doc, browser):
     assert browser.errors() == []
 
 
-@needs_chromium
+@needs_browser
 def test_injected_markup_is_shown_as_text_not_run(run_doc, browser):
     browser.open(run_doc["report"])
     assert browser.evaluate("window.__pwned === undefined")
@@ -154,7 +154,7 @@ def test_drift_flags_shifts_regressions_and_api_drift():
     assert data["api_drift"] == [{"run": 2, "backend": "vllm-mrv2", "message": "vLLM API changed: rejection_sample lost 'pos'"}]
 
 
-@needs_chromium
+@needs_browser
 def test_drift_page_renders(run_doc, tmp_path, browser):
     path = str(tmp_path / "history.sqlite")
     for label in ("a", "b", "c"):
