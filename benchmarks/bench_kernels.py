@@ -3,7 +3,11 @@ inputs (standard method, fp32 target logits, bf16 draft logits), and the achieve
 against the GPU's measured device-to-device copy bandwidth.
 
 Run on a GPU machine: ``python benchmarks/bench_kernels.py --json OUT.json`` (vLLM from the
-installed package or ``SPECDEC_VLLM_SRC``). Timings: ``triton.testing.do_bench`` medians.
+installed package or ``SPECDEC_VLLM_SRC``). Timings: ``triton.testing.do_bench`` medians
+(``return_mode="median"``; its default is the mean), ``--reps`` rounds per shape with the
+backends taking turns, and the median of the rounds: an eager call is host-bound at small
+batches, and one slow stretch of the host moved a single mean by up to 30%. Eager rows also
+give the host's time per call (``host_us``: calls queued back to back, no device sync).
 Bytes counted: every target row (fp32) and draft row (bf16) read once.
 
 Two ways of calling each implementation: eager (launched from Python every call, as
@@ -17,10 +21,14 @@ CUDA the fused path up to ``FUSED_MAX_LOGITS_CUDA`` requests x V); ``triton-fuse
 """
 
 import argparse
+import cProfile
 import functools
 import json
 import os
+import pstats
+import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -118,6 +126,26 @@ def mrv2_call(x, b, k, v):
     return call
 
 
+def host_time(call, calls: int, profile_to=None) -> float:
+    """Mean host microseconds to queue one call (the device synchronized before and after
+    the timed calls only); with ``profile_to`` (an open file) the calls run under cProfile."""
+    call()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile() if profile_to else None
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    for _ in range(calls):
+        call()
+    if prof:
+        prof.disable()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    if prof:
+        pstats.Stats(prof, stream=profile_to).sort_stats("tottime").print_stats(25)
+    return host
+
+
 def graphed(call):
     """``call`` captured in a CUDA graph (after warm-up on a side stream); returns its replay."""
     call()
@@ -140,7 +168,8 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--backends", default="triton,triton-fused,vllm-mrv2,triton-graph,triton-fused-graph,vllm-mrv2-graph")
+    ap.add_argument("--backends", default="triton,vllm-mrv2,triton-graph,vllm-mrv2-graph")
+    ap.add_argument("--reps", type=int, default=3, help="rounds per shape, the backends taking turns (default 3)")
     ap.add_argument("--tiles", help="also time the triton backends with these tile policies (BLOCK_VxT,...: T tiles per split)")
     ap.add_argument("--batches", help=f"comma-separated (default: {BATCHES})")
     ap.add_argument("--drafts", help=f"comma-separated (default: {DRAFTS})")
@@ -169,17 +198,28 @@ def main() -> int:
                     "bytes": nbytes,
                     "triton_path": "fused" if takes_fused_path("auto", b, cuda=True, vocab=v) else "staged",
                 }
+                timed = {}  # name -> (call, what do_bench runs); the call keeps a graph's buffers alive
                 for name in names:
                     try:
                         base, _, tiles = name.partition("@")
                         graph = base.endswith("-graph")
-                        base = base.removesuffix("-graph")
-                        make = makers[base]
+                        make = makers[base.removesuffix("-graph")]
                         call = make(x, b, k, v, tiles=tiles) if tiles else make(x, b, k, v)
-                        ms = do_bench(graphed(call) if graph else call, warmup=25, rep=200)
-                        row[name] = {"ms": ms, "TBps": nbytes / (ms * 1e-3) / 1e12, "of_copy": nbytes / (ms * 1e-3) / bandwidth}
+                        timed[name] = (call, graphed(call) if graph else call)
+                        row[name] = {"ms_reps": []} | ({} if graph else {"host_us": host_time(call, 50)})
                     except Exception as e:  # one backend failing to run a shape is its own result
                         row[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                for _ in range(args.reps):
+                    for name, (_, fn) in list(timed.items()):
+                        try:
+                            row[name]["ms_reps"].append(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+                        except Exception as e:
+                            row[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                            del timed[name]
+                for name in timed:
+                    ms = statistics.median(row[name]["ms_reps"])
+                    row[name] |= {"ms": ms, "TBps": nbytes / (ms * 1e-3) / 1e12, "of_copy": nbytes / (ms * 1e-3) / bandwidth}
+                del timed
                 rows.append(row)
                 cells = "  ".join(
                     f"{n}: {row[n]['ms']:.3f} ms ({row[n]['of_copy']:.0%} of copy)" if "ms" in row[n] else f"{n}: {row[n]['error']}"

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.bench_kernels import inputs, mrv2_call, triton_call  # noqa: E402
+from benchmarks.bench_kernels import host_time, inputs, mrv2_call, triton_call  # noqa: E402
 from harness.environment import describe  # noqa: E402
 
 SHAPES = "1,1,32000;1,8,32000;1,1,152064;1,8,152064;64,4,131072;256,1,32000"
@@ -42,30 +42,6 @@ def kernel_times(call, calls: int) -> dict:
         if event.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel[event.name[:80]] += event.device_time / calls  # us
     return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))
-
-
-def host_time(call, calls: int, profile_to=None) -> float:
-    """Mean host microseconds to queue one call (the device synchronized before and after
-    the timed calls only); with ``profile_to`` (an open file) the calls run under cProfile."""
-    import cProfile
-    import pstats
-    import time
-
-    call()
-    torch.cuda.synchronize()
-    prof = cProfile.Profile() if profile_to else None
-    t0 = time.perf_counter()
-    if prof:
-        prof.enable()
-    for _ in range(calls):
-        call()
-    if prof:
-        prof.disable()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    if prof:
-        pstats.Stats(prof, stream=profile_to).sort_stats("tottime").print_stats(25)
-    return host
 
 
 def main() -> int:

@@ -37,6 +37,6 @@ has runbench && step bench_run "${RUNBENCH_TIMEOUT:-300}" python benchmarks/benc
   --json "$WORK/bench_run.json" ${RUNBENCH_ARGS:---backend triton --backend vllm-mrv2}
 has pytest && step pytest_gpu "${PYTEST_TIMEOUT:-300}" python -m pytest ${PYTEST_ARGS:-suites/ -m gpu -n 4 --dist worksteal} -q -p no:cacheprovider -rA --durations=25
 [ -d reports/fuzz-failures ] && cp -r reports/fuzz-failures "$WORK/"  # a failing fuzz example, to replay here
-has kernels && step bench_kernels "${BENCH_TIMEOUT:-170}" python benchmarks/bench_kernels.py --json "$WORK/bench_kernels.json" ${KERNEL_ARGS:-}
+has kernels && step bench_kernels "${BENCH_TIMEOUT:-360}" python benchmarks/bench_kernels.py --json "$WORK/bench_kernels.json" ${KERNEL_ARGS:-}
 tar -czf "$OUT/gpu_results.tgz" -C "$WORK" .
 cat "$WORK/steps.txt"
