@@ -135,7 +135,7 @@ def launch(fn, grid, *args, **options):
 def launch_each(launches, *args):
     """``launch(fn, grid, *args, **options)`` for each ``(fn, grid, options)`` in order, for
     kernels of one signature given the same arguments: their specialization key is computed
-    once (about 10-20 us of host time per launch of a sampler kernel's ~50 arguments)."""
+    once (a key over a fused kernel's ~50 arguments took about 7 us on the CPU machine)."""
     if not _direct_possible() or _hooks_installed():
         for fn, grid, options in launches:
             fn[grid](*args, **options)
