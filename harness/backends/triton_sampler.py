@@ -551,19 +551,22 @@ def _target_tile_masses(sums, maxima, n_tiles, scale):
 
 @triton.jit
 def _choose_tile(mass, threshold):
-    """The first tile whose running mass ([lanes, NT]) passes ``threshold`` ([lanes]), and the
-    fraction of that tile's mass still below it. Rounding past the total: the last tile of
-    positive mass, fraction 1 (no such tile, as in a degenerate row nobody keeps: tile 0)."""
-    idx = tl.arange(0, mass.shape[1])[None, :]
-    running = tl.cumsum(mass, axis=1)
-    first = tl.min(tl.where((mass > 0) & (running > threshold[:, None]), idx, _NO_ID), axis=1)
+    """The first item along the last axis of ``mass`` ([lanes, X] tiles, or [lanes, N, X]
+    groups, N candidates) whose running mass passes ``threshold`` (one per row of ``mass``:
+    [lanes], or [lanes, N]), and the fraction of that item's mass still below it. Rounding
+    past the total: the last item of positive mass, fraction 1 (no such item, as in a
+    degenerate row nobody keeps: item 0)."""
+    axis: tl.constexpr = len(mass.shape) - 1
+    idx = tl.arange(0, mass.shape[axis])  # broadcast along the leading axes
+    running = tl.cumsum(mass, axis=axis)
+    first = tl.min(tl.where((mass > 0) & (running > tl.expand_dims(threshold, axis)), idx, _NO_ID), axis=axis)
     found = first != _NO_ID
-    tile = tl.maximum(tl.where(found, first, tl.max(tl.where(mass > 0, idx, -1), axis=1)), 0)
-    at = idx == tile[:, None]
-    mass_at = tl.sum(tl.where(at, mass, 0.0), axis=1)
-    below = tl.sum(tl.where(at, running, 0.0), axis=1) - mass_at
+    item = tl.maximum(tl.where(found, first, tl.max(tl.where(mass > 0, idx, -1), axis=axis)), 0)
+    at = idx == tl.expand_dims(item, axis)
+    mass_at = tl.sum(tl.where(at, mass, 0.0), axis=axis)
+    below = tl.sum(tl.where(at, running, 0.0), axis=axis) - mass_at
     frac = tl.where(found, (threshold - below) / tl.where(mass_at > 0, mass_at, 1.0), 1.0)
-    return tile, tl.minimum(frac, 1.0)
+    return item, tl.minimum(frac, 1.0)
 
 
 @triton.jit
@@ -643,24 +646,6 @@ def _draw_from_tiles(
 
 # --- residual candidates: a rejected draft's replacement without a second read of its rows ----------
 @triton.jit
-def _choose_in(mass, threshold):
-    """``_choose_tile`` along the last axis of [lanes, N, X] masses (the N axis may be 1 and
-    broadcast) for [lanes, N] thresholds: the first item whose running mass passes the
-    threshold, and the fraction of its mass still below it (rounding past the total: the last
-    item of positive mass, fraction 1)."""
-    idx = tl.arange(0, mass.shape[2])[None, None, :]
-    running = tl.cumsum(mass, axis=2)
-    first = tl.min(tl.where((mass > 0) & (running > threshold[:, :, None]), idx, _NO_ID), axis=2)
-    found = first != _NO_ID
-    item = tl.maximum(tl.where(found, first, tl.max(tl.where(mass > 0, idx, -1), axis=2)), 0)
-    at = idx == item[:, :, None]
-    mass_at = tl.sum(tl.where(at, mass, 0.0), axis=2)
-    below = tl.sum(tl.where(at, running, 0.0), axis=2) - mass_at
-    frac = tl.where(found, (threshold - below) / tl.where(mass_at > 0, mass_at, 1.0), 1.0)
-    return item, tl.minimum(frac, 1.0)
-
-
-@triton.jit
 def _residual_candidates(
     t_logits, t_stride, V, d_logits, d_stride, Vd, g_sum, g_tile, tile_width, trow, drow, m, logs2, dm, dlogs2, scale,
     rho, use_draft, excl, act, seed, pos,
@@ -685,12 +670,12 @@ def _residual_candidates(
     tiles = tl.where(live, tl.load(g_tile + tile + 1, mask=live, other=0.0).to(tl.float64) * tl.exp2((ref - m) * scale).to(tl.float64), 0.0)
     ci = tl.arange(0, N)[None, :]
     u, v = _uniform_pair(seed, pos, ci, _CANDIDATE)  # [lanes, N]: where, and whether kept
-    picked, frac = _choose_in(tiles[:, None, :], u * tl.sum(tiles, axis=1)[:, None])
+    picked, frac = _choose_tile(tiles[:, None, :], u * tl.sum(tiles, axis=1)[:, None])
     # The groups of the picked tile share its reference max: their sums are its relative masses.
     groups = picked[:, :, None] * GPT + tl.arange(0, GPT)[None, None, :]
     gmask = act[:, :, None] & (groups < tl.cdiv(V, GROUP))
     masses = tl.load(g_sum + grow[:, :, None] * tl.cdiv(V, GROUP) + groups, mask=gmask, other=0.0).to(tl.float64)
-    group, frac = _choose_in(masses, frac * tl.sum(masses, axis=2))
+    group, frac = _choose_tile(masses, frac * tl.sum(masses, axis=2))
     # Inside the group, ``_tile_weights``' residual weights w and normalized target weights t.
     cols = (picked * GPT + group)[:, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
     scale = scale[:, :, None]
