@@ -19,7 +19,8 @@ from suites.browser import Browser, unavailable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCREENSHOTS = os.path.join(ROOT, "reports", "screenshots")
 EVIL = "<img src=x onerror=window.__pwned=1><script>window.__pwned=2</script>"
-needs_browser = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
+_NO_BROWSER = unavailable()
+needs_browser = pytest.mark.skipif(_NO_BROWSER is not None, reason=_NO_BROWSER or "")
 
 
 @pytest.fixture(scope="module")

@@ -92,9 +92,10 @@ class _Kernel:
         """``args_key``: ``launch_key(self.constexprs, args)`` where the caller has it (``launch_each``)."""
         if len(args) != len(self.constexprs):  # defaults and keywords would reorder the launcher's arguments
             raise TypeError(f"{self.fn.__name__}: launch passes every parameter by position ({len(self.constexprs)}), got {len(args)}")
-        if args_key is _UNKNOWN:
+        if callable(grid):
+            args_key = None
+        elif args_key is _UNKNOWN:
             args_key = launch_key(self.constexprs, args)
-        args_key = None if callable(grid) else args_key
         if args_key is None:
             self.fn[grid](*args, **options)
             return
