@@ -8,7 +8,8 @@ On a GPU machine, with an earlier version of the fused module saved beside the c
 
 ``old``: ``AB_OLD``'s ``verify_fused`` (it imports the sampler's helpers from this checkout);
 ``new``: this checkout's; ``mrv2``: vLLM MRV2 ``rejection_sample``. Per shape (``AB_SHAPES``
-"B,K,V;..."): ``do_bench`` medians of the call captured in a CUDA graph (``AB_REPS`` each),
+"B,K,V;..."): ``bench_kernels.time_ms`` medians of the call captured in a CUDA graph (``AB_REPS`` each;
+L2 flush ``AB_FLUSH``, default ``write`` as ``do_bench``),
 for the Triton variants whether the fused tokens equal the staged path's, and their tokens
 saved (``$OUT/ab_tokens_VARIANT.pt``) to compare variants. Writes ``$OUT/ab_VARIANT.json``.
 """
@@ -22,7 +23,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
 
 from benchmarks import bench_kernels as bk  # noqa: E402
 from harness.backends import triton_fused  # noqa: E402
@@ -53,7 +53,8 @@ def main() -> int:
             staged = bk.triton_call(x, b, k, v, path="staged")()
             row["fused_eq_staged"] = all(torch.equal(a, s.cpu()) for a, s in zip(tokens[shape], staged))
         replay = bk.graphed(call)  # ``call`` stays alive: the graph reads its buffers
-        row["us"] = [do_bench(replay, warmup=25, rep=200, return_mode="median") * 1e3 for _ in range(int(os.environ.get("AB_REPS", "2")))]
+        flush = os.environ.get("AB_FLUSH", "write")
+        row["us"] = [bk.time_ms(replay, flush) * 1e3 for _ in range(int(os.environ.get("AB_REPS", "2")))]
         out["rows"].append(row)
         print(variant, json.dumps(row), flush=True)
         del x, call, replay

@@ -3,8 +3,10 @@ inputs (standard method, fp32 target logits, bf16 draft logits), and the achieve
 against the GPU's measured device-to-device copy bandwidth.
 
 Run on a GPU machine: ``python benchmarks/bench_kernels.py --json OUT.json`` (vLLM from the
-installed package or ``SPECDEC_VLLM_SRC``). Timings: ``triton.testing.do_bench`` medians
-(``return_mode="median"``; its default is the mean), ``--reps`` rounds per shape with the
+installed package or ``SPECDEC_VLLM_SRC``). Timings: ``time_ms``, the median of
+``triton.testing.do_bench``'s timed calls (its default is the mean) with the L2 flush chosen
+by ``--flush`` (``flush_l2``: ``write``, do_bench's own, leaves up to 50 MB of dirty lines
+that the timed call writes back; ``read`` leaves clean ones), ``--reps`` rounds per shape with the
 backends taking turns, and the median of the rounds: an eager call is host-bound at small
 batches, and one slow stretch of the host moved a single mean by up to 30%. Eager rows also
 give the host's time per call (``host_us``: calls queued back to back, no device sync).
@@ -41,14 +43,60 @@ DRAFTS = (1, 4, 8)
 VOCABS = (32000, 131072, 152064)
 
 
-def copy_bandwidth(gib: float = 2.0) -> float:
-    """Device-to-device copy, bytes read + written per second."""
-    from triton.testing import do_bench
+FLUSHES = ("write", "read")
+_FLUSH_BYTES = 256 << 20  # more than any L2 (50 MB on H100 and H200); do_bench's size
 
+
+@functools.cache
+def _flush_buffers():
+    return torch.empty(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda"), torch.ones(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+
+
+def flush_l2(mode: str) -> None:
+    """Evict the inputs from L2 before a timed call. ``write``: ``do_bench``'s own flush (zero
+    256 MB), which leaves L2 full of dirty lines that the timed call then writes back to
+    DRAM while it reads (up to 50 MB of extra traffic, a fixed cost per call); ``read``: the
+    same, then a 256 MB read, which writes those lines back before the call and leaves L2
+    full of clean lines."""
+    if mode not in FLUSHES:
+        raise ValueError(f"flush: expected one of {FLUSHES}, got {mode!r}")
+    dirty, clean = _flush_buffers()
+    dirty.zero_()
+    if mode == "read":
+        clean.max()
+
+
+def time_ms(fn, flush: str = "write", warmup_ms: float = 25, rep_ms: float = 200) -> float:
+    """Median device milliseconds per call of ``fn``, L2 flushed before each (``flush_l2``):
+    ``triton.testing.do_bench(fn, warmup, rep, return_mode="median")`` with the flush chosen."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush_l2(flush)
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = start.elapsed_time(end) / 5
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(max(1, int(rep_ms / estimate)))]
+    for begin, finish in events:
+        flush_l2(flush)
+        begin.record()
+        fn()
+        finish.record()
+    torch.cuda.synchronize()
+    return statistics.median(begin.elapsed_time(finish) for begin, finish in events)
+
+
+def copy_bandwidth(gib: float = 2.0, flush: str = "write") -> float:
+    """Device-to-device copy, bytes read + written per second."""
     n = int(gib * (1 << 30)) // 4
     src = torch.empty(n, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=200)
+    ms = time_ms(lambda: dst.copy_(src), flush, warmup_ms=10)
     return 2 * n * 4 / (ms * 1e-3)
 
 
@@ -162,14 +210,15 @@ def graphed(call):
 
 
 def main() -> int:
-    from triton.testing import do_bench
-
     from harness.backends.triton_sampler import takes_fused_path
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--backends", default="triton,vllm-mrv2,triton-graph,vllm-mrv2-graph")
     ap.add_argument("--reps", type=int, default=3, help="rounds per shape, the backends taking turns (default 3)")
+    ap.add_argument(
+        "--flush", default="write", choices=FLUSHES, help="how L2 is flushed before each timed call (flush_l2; default write, do_bench's)"
+    )
     ap.add_argument("--tiles", help="also time the triton backends with these tile policies (BLOCK_VxT,...: T tiles per split)")
     ap.add_argument("--batches", help=f"comma-separated (default: {BATCHES})")
     ap.add_argument("--drafts", help=f"comma-separated (default: {DRAFTS})")
@@ -181,7 +230,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 2
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(flush=args.flush)
     makers = {"triton": triton_call, "vllm-mrv2": mrv2_call}
     makers |= {f"triton-{path}": functools.partial(triton_call, path=path) for path in ("fused", "staged")}
     rows = []
@@ -212,7 +261,7 @@ def main() -> int:
                 for _ in range(args.reps):
                     for name, (_, fn) in list(timed.items()):
                         try:
-                            row[name]["ms_reps"].append(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+                            row[name]["ms_reps"].append(time_ms(fn, args.flush))
                         except Exception as e:
                             row[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
                             del timed[name]
@@ -231,7 +280,15 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"environment": describe(), "copy_bandwidth_Bps": bandwidth, "command": " ".join(sys.argv), "results": rows}, f, indent=1
+                {
+                    "environment": describe(),
+                    "copy_bandwidth_Bps": bandwidth,
+                    "flush": args.flush,
+                    "command": " ".join(sys.argv),
+                    "results": rows,
+                },
+                f,
+                indent=1,
             )
     return 0
 
