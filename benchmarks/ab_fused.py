@@ -43,6 +43,7 @@ def main() -> int:
     out_dir = os.environ.get("OUT", ".")
     out = {"variant": variant, "device": torch.cuda.get_device_name(), "rows": []}
     tokens = {}
+    flush = os.environ.get("AB_FLUSH", "write")
     for shape in os.environ.get("AB_SHAPES", SHAPES).split(";"):
         b, k, v = (int(n) for n in shape.split(","))
         x = bk.inputs(b, k, v)
@@ -53,7 +54,6 @@ def main() -> int:
             staged = bk.triton_call(x, b, k, v, path="staged")()
             row["fused_eq_staged"] = all(torch.equal(a, s.cpu()) for a, s in zip(tokens[shape], staged))
         replay = bk.graphed(call)  # ``call`` stays alive: the graph reads its buffers
-        flush = os.environ.get("AB_FLUSH", "write")
         row["us"] = [bk.time_ms(replay, flush) * 1e3 for _ in range(int(os.environ.get("AB_REPS", "2")))]
         out["rows"].append(row)
         print(variant, json.dumps(row), flush=True)

@@ -306,6 +306,22 @@ def _load_chain(chain, r, valid, K, B, INT: tl.constexpr):
 
 
 @triton.jit
+def _left_to_draw(valid, kept):
+    """Whether any of the requests still needs a draw (none kept a residual candidate)."""
+    return tl.max((valid & (kept < 0)).to(tl.int32), axis=0) > 0
+
+
+@triton.jit
+def _store_outputs(tokens, emitted, r, x, fin, token, mask, K, KP: tl.constexpr):
+    """A request's output slots (its drafts before ``fin``, ``token`` at ``fin``, -1 after) and
+    its emitted count ``fin + 1``, where ``mask``."""
+    ks = tl.arange(0, KP)[None, :]
+    out = tl.where(ks < fin[:, None], x, tl.where(ks == fin[:, None], token[:, None], -1))
+    tl.store(tokens + r[:, None] * (K + 1) + ks, out, mask=mask[:, None] & (ks <= K))
+    tl.store(emitted + r, fin + 1, mask=mask)
+
+
+@triton.jit
 def _finalize(partials, size, f_m, f_s, f_arg, f_nan, rows, mask, scale, NSPLIT: tl.constexpr):
     """Merge the ``NSPLIT`` partials of ``rows`` (the four arrays of ``size`` at ``partials``)
     and store their final statistics, as ``_combine_kernel`` does (``_combine_rows``)."""
@@ -408,10 +424,7 @@ def _fused_candidate_kernel(
         )  # fmt: skip
         kept = tl.where(bad, -1, kept)
         tl.store(scratch + c_off + (K + 4) * B + r, kept, mask=need)
-        done = need & (kept >= 0)
-        out = tl.where(ks < n[:, None], x, tl.where(ks == n[:, None], kept[:, None], -1))
-        tl.store(tokens + r[:, None] * (K + 1) + ks, out, mask=done[:, None] & (ks <= K))
-        tl.store(emitted + r, n + 1, mask=done)
+        _store_outputs(tokens, emitted, r, x, n, kept, need & (kept >= 0), K, KP)
 
 
 @triton.jit(do_not_specialize=_COUNTS)
@@ -472,7 +485,7 @@ def _fused_mass_kernel(
             HAS_DRAFT, 0, BLOCK_V,
         )  # fmt: skip
     # A block whose requests all kept a candidate is finished (``_fused_candidate_kernel``).
-    if PICK and tl.max((valid & (kept < 0)).to(tl.int32), axis=0) > 0:
+    if PICK and _left_to_draw(valid, kept):
         # The last of this request block's mass programs picks its tokens (no fourth launch). The
         # barrier puts every thread's stores before the counter's release (Triton's layer-norm
         # tutorial's lock); the acquire puts the other programs' stores before the pick's loads.
@@ -613,9 +626,7 @@ def _pick(
         )  # fmt: skip
         token = tl.where(draw, drawn, token)
     token = tl.where(kept >= 0, kept, token)
-    out = tl.where(ks < fin[:, None], x, tl.where(ks == fin[:, None], token[:, None], -1))
-    tl.store(tokens + r[:, None] * (K + 1) + ks, out, mask=valid[:, None] & (ks <= K))
-    tl.store(emitted + r, fin + 1, mask=valid)
+    _store_outputs(tokens, emitted, r, x, fin, token, valid, K, KP)
 
 
 @triton.jit(do_not_specialize=_COUNTS)
@@ -633,7 +644,7 @@ def _fused_pick_kernel(
     if PDL:
         gdc_wait()
     n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int32)
-    if tl.max((valid & (kept < 0)).to(tl.int32), axis=0) > 0:  # else finished by the candidate kernel
+    if _left_to_draw(valid, kept):  # else finished by the candidate kernel
         _pick(
             t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, K, B, scratch, t_size, d_off, d_size, m_off,
             m_size, c_off, n_tiles, f_off, tokens, emitted, r, valid, start, cnt, temp, seed, method, n, rejected, n_eff, kept,
