@@ -188,6 +188,55 @@ def test_uniforms_are_open_interval():
     assert abs(u.mean() - 0.5) < 6 * math.sqrt(1 / 12 / n)
 
 
+# --- the masses: a program of target-row draws takes the short tile loop ---------------------------
+@triton.jit
+def _masses_probe(t_logits, d_logits, V, rho_ptr, m_ptr, logs2_ptr, out_w, out_t, BLOCK_V: tl.constexpr, NT: tl.constexpr):
+    """``_split_tile_masses`` of two lanes over the whole row, each as ``rho`` says (-1 a
+    target-row draw, -2 inactive, >= 0 a residual, which takes the general loop for both)."""
+    r = tl.arange(0, 2)
+    rho = tl.load(rho_ptr + r)[:, None]
+    active = rho > -2
+    resid = active & (rho >= 0)
+    m = tl.load(m_ptr + r)[:, None]
+    logs2 = tl.load(logs2_ptr + r)[:, None]
+    scale = tl.full([2, 1], 1.4426950408889634, tl.float32)
+    ts._split_tile_masses(
+        t_logits, V, V, d_logits, V, V, r[:, None], r[:, None], m, logs2, m, logs2, scale, rho, active, resid,
+        resid, tl.full([2, 1], -1, tl.int64), r < 2, 0, V, out_w + r * NT, out_t + r * NT, True, 0, BLOCK_V,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, gpu])])
+def test_target_draw_masses_are_the_same_bits_in_either_tile_loop(device):
+    """A program with no residual lane sums its tiles in a loop without the residual's draft
+    tile and selects (the bonus rows' masses); a target-row draw's tile masses and maxima are
+    the same bits there as beside a residual, in the general loop (tiles of 256, the last one
+    partial, a -inf logit)."""
+    vocab, block_v = 1000, 256
+    n_tiles = -(-vocab // block_v)
+    rng = np.random.default_rng(5)
+    logits = torch.from_numpy(rng.normal(0.0, 3.0, (2, vocab)).astype(np.float32)).to(device)
+    logits[0, 7] = float("-inf")
+    draft = (logits + 0.5).to(torch.bfloat16)
+    m = logits.max(dim=1).values.contiguous()
+    logs2 = torch.log2(torch.exp2((logits - m[:, None]) * 1.4426950408889634).sum(dim=1)).contiguous()
+    sums = {}
+    for lane0, lane1 in ((-1.0, -2.0), (-1.0, -1.0), (-1.0, 0.5), (-2.0, -2.0)):  # rho -2: inactive, 0.5: a residual
+        out_w = torch.full((2 * n_tiles,), float("nan"), dtype=torch.float64, device=device)
+        out_t = torch.full_like(out_w, float("nan"))
+        rho = torch.tensor([lane0, lane1], dtype=torch.float32, device=device)
+        _masses_probe[(1,)](logits, draft, vocab, rho, m, logs2, out_w, out_t, BLOCK_V=block_v, NT=n_tiles)
+        sums[lane1 if lane0 == -1 else "none"] = (out_w[:n_tiles].cpu(), out_t[:n_tiles].cpu())
+    # No active lane: zeros, as the general loop stores them (its tile max starts at 0).
+    assert not sums["none"][0].any() and not sums["none"][1].any(), "an inactive program stored weight or a max"
+    tiles = torch.nn.functional.pad(logits[0].cpu(), (0, n_tiles * block_v - vocab), value=float("-inf"))
+    assert torch.equal(sums[0.5][1], tiles.reshape(n_tiles, block_v).max(dim=1).values.double()), "not the tile maxima"
+    assert torch.all(sums[0.5][0] >= 1), "a tile's mass relative to its max is at least 1"
+    for lane1 in (-2.0, -1.0):
+        assert torch.equal(sums[lane1][0], sums[0.5][0]), f"tile masses differ (lane 1 rho {lane1})"
+        assert torch.equal(sums[lane1][1], sums[0.5][1]), f"tile maxima differ (lane 1 rho {lane1})"
+
+
 # --- greedy: bit-identical to the reference --------------------------------------------------------
 CHAIN = (Method.STANDARD, Method.STRICT, Method.SYNTHETIC)
 

@@ -450,6 +450,18 @@ def _tile_weights(
 
 
 @triton.jit
+def _target_tile_weights(t_logits, t_stride, trow, scale, active, cols, in_range):
+    """``_tile_weights`` where no lane is a residual: the target-row draw's weights
+    2**((a - tile max) scale) and each row's tile max, the same values (0 for an inactive lane)."""
+    a = tl.load(t_logits + trow.to(tl.int64) * t_stride + cols, mask=active & in_range, other=float("-inf"), eviction_policy="evict_first")
+    a = a.to(tl.float32)
+    tile_m = tl.zeros_like(scale)
+    if tl.max(active.to(tl.int32)) > 0:
+        tile_m = tl.maximum(tl.max(a, axis=1), _LOWEST)[:, None]
+    return tl.exp2((a - tile_m) * scale), tile_m
+
+
+@triton.jit
 def _job_rows(
     job_trow, job_req, job_rho, n_jobs, temperature, drafts,
     t_m, t_logs, d_m, d_logs, d_bad, HAS_DRAFT: tl.constexpr, BLOCK_R: tl.constexpr, FAULT: tl.constexpr,
@@ -501,17 +513,29 @@ def _split_tile_masses(
     the tile's mass and shift the slices after it)."""
     lo = split * split_len
     hi = tl.minimum(lo + split_len, V)
-    for start in range(lo, hi, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)[None, :]
-        w, t, tile_m = _tile_weights(
-            t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
-            rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
-        )  # fmt: skip
-        tl.store(out_w + start // BLOCK_V, tl.sum(w.to(tl.float64), axis=1), mask=mask)
-        second = tile_m.to(tl.float64)
-        if tl.max(resid.to(tl.int32)) > 0:  # the target sum only where a residual needs it
-            second = tl.where(resid, tl.sum(t.to(tl.float64), axis=1)[:, None], second)
-        tl.store(out_t + start // BLOCK_V, tl.sum(second, axis=1), mask=mask)
+    if tl.max(resid.to(tl.int32)) == 0:
+        # Target-row draws only (a bonus row: at K = 1 most of what the masses read): the same
+        # sums without a residual's draft tile, second exp2 and selects. Half the instructions
+        # of a tile (216 against about 436 for sm_90), which issued for most of the mass
+        # kernel's time: 41.6 -> 36.8 us at B = 256, K = 1 on an H100 (benchmarks/RESULTS.md,
+        # issue 3, session 24).
+        for start in range(lo, hi, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)[None, :]
+            t, tile_m = _target_tile_weights(t_logits, t_stride, trow, scale, active, cols, cols < hi)
+            tl.store(out_w + start // BLOCK_V, tl.sum(t.to(tl.float64), axis=1), mask=mask)
+            tl.store(out_t + start // BLOCK_V, tl.sum(tile_m.to(tl.float64), axis=1), mask=mask)
+    else:
+        for start in range(lo, hi, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)[None, :]
+            w, t, tile_m = _tile_weights(
+                t_logits, t_stride, d_logits, d_stride, Vd, trow, drow, m, logs2, dm, dlogs2, scale,
+                rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
+            )  # fmt: skip
+            tl.store(out_w + start // BLOCK_V, tl.sum(w.to(tl.float64), axis=1), mask=mask)
+            second = tile_m.to(tl.float64)
+            if tl.max(resid.to(tl.int32)) > 0:  # the target sum only where a residual needs it
+                second = tl.where(resid, tl.sum(t.to(tl.float64), axis=1)[:, None], second)
+            tl.store(out_t + start // BLOCK_V, tl.sum(second, axis=1), mask=mask)
 
 
 @triton.jit
