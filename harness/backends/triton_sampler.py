@@ -515,10 +515,11 @@ def _split_tile_masses(
     hi = tl.minimum(lo + split_len, V)
     if tl.max(resid.to(tl.int32)) == 0:
         # Target-row draws only (a bonus row: at K = 1 most of what the masses read): the same
-        # sums without a residual's draft tile, second exp2 and selects. Half the instructions
-        # of a tile (216 against about 436 for sm_90), which issued for most of the mass
-        # kernel's time: 41.6 -> 36.8 us at B = 256, K = 1 on an H100 (benchmarks/RESULTS.md,
-        # issue 3, session 24).
+        # sums without a residual's draft tile, second exp2 and selects, half the instructions
+        # of a tile (216 against about 436 for sm_90). The mass kernel was bound by their issue
+        # as much as by its loads: a call at B = 256, K = 1 took 2.6 us less on an H100 and
+        # 6.6 us less on an H200, whose bandwidth does not shorten issue time
+        # (benchmarks/RESULTS.md, issue 3, session 24).
         for start in range(lo, hi, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)[None, :]
             t, tile_m = _target_tile_weights(t_logits, t_stride, trow, scale, active, cols, cols < hi)
