@@ -413,6 +413,21 @@ def _load_job(job_trow, job_req, job_rho, jobs, mask, drafts, d_bad, HAS_DRAFT: 
 
 
 @triton.jit
+def _target_tile(t_logits, t_stride, trow, active, cols, in_range, need_max):
+    """A draw's target tile (fp32, -inf off-row) and each row's tile max: 0 unless a lane of
+    ``need_max`` (a target-row draw) needs it, else at least ``_LOWEST`` (an empty tile)."""
+    # evict_first: this is the last full read of the draw's rows (a rejected row's second, after the
+    # statistics), so they should not push other lines out of L2: 1.5-2.5% less time at
+    # B = 256-1024, K = 1 on the fused path on an H100 (benchmarks/RESULTS.md, issue 3, session 19).
+    a = tl.load(t_logits + trow.to(tl.int64) * t_stride + cols, mask=active & in_range, other=float("-inf"), eviction_policy="evict_first")
+    a = a.to(tl.float32)
+    tile_m = tl.zeros([a.shape[0], 1], tl.float32)
+    if tl.max(need_max.to(tl.int32)) > 0:
+        tile_m = tl.maximum(tl.max(a, axis=1), _LOWEST)[:, None]
+    return a, tile_m
+
+
+@triton.jit
 def _tile_weights(
     t_logits, t_stride, d_logits, d_stride, d_width, trow, drow, m, logs2, dm, dlogs2, scale,
     rho, active, resid, use_draft, excl, cols, in_range, HAS_DRAFT: tl.constexpr, FAULT: tl.constexpr, SCAN: tl.constexpr,
@@ -424,14 +439,7 @@ def _tile_weights(
     2**((a - tile max) scale): it needs no row statistics (the fused path has none for a
     request's last row) and its tile masses are rescaled to the row's max when drawn
     (``_target_tile_masses``). ``SCAN``: the draw's final scan (where the unclamped-residual fault lives)."""
-    # evict_first: this is the last full read of the draw's rows (a rejected row's second, after the
-    # statistics), so they should not push other lines out of L2: 1.5-2.5% less time at
-    # B = 256-1024, K = 1 on the fused path on an H100 (benchmarks/RESULTS.md, issue 3, session 19).
-    a = tl.load(t_logits + trow.to(tl.int64) * t_stride + cols, mask=active & in_range, other=float("-inf"), eviction_policy="evict_first")
-    a = a.to(tl.float32)
-    tile_m = tl.zeros_like(m)
-    if tl.max((active & ~resid).to(tl.int32)) > 0:  # the max only where a target-row draw needs it
-        tile_m = tl.maximum(tl.max(a, axis=1), _LOWEST)[:, None]
+    a, tile_m = _target_tile(t_logits, t_stride, trow, active, cols, in_range, active & ~resid)
     t = tl.exp2((a - tl.where(resid, m, tile_m)) * scale - tl.where(resid, logs2, 0.0))
     q = tl.zeros_like(t)
     if HAS_DRAFT:
@@ -453,11 +461,7 @@ def _tile_weights(
 def _target_tile_weights(t_logits, t_stride, trow, scale, active, cols, in_range):
     """``_tile_weights`` where no lane is a residual: the target-row draw's weights
     2**((a - tile max) scale) and each row's tile max, the same values (0 for an inactive lane)."""
-    a = tl.load(t_logits + trow.to(tl.int64) * t_stride + cols, mask=active & in_range, other=float("-inf"), eviction_policy="evict_first")
-    a = a.to(tl.float32)
-    tile_m = tl.zeros_like(scale)
-    if tl.max(active.to(tl.int32)) > 0:
-        tile_m = tl.maximum(tl.max(a, axis=1), _LOWEST)[:, None]
+    a, tile_m = _target_tile(t_logits, t_stride, trow, active, cols, in_range, active)
     return tl.exp2((a - tile_m) * scale), tile_m
 
 
@@ -533,9 +537,8 @@ def _split_tile_masses(
                 rho, active, resid, use_draft, excl, cols, cols < hi, HAS_DRAFT, FAULT, False,
             )  # fmt: skip
             tl.store(out_w + start // BLOCK_V, tl.sum(w.to(tl.float64), axis=1), mask=mask)
-            second = tile_m.to(tl.float64)
-            if tl.max(resid.to(tl.int32)) > 0:  # the target sum only where a residual needs it
-                second = tl.where(resid, tl.sum(t.to(tl.float64), axis=1)[:, None], second)
+            # A residual's target sum; a target-row draw's tile max.
+            second = tl.where(resid, tl.sum(t.to(tl.float64), axis=1)[:, None], tile_m.to(tl.float64))
             tl.store(out_t + start // BLOCK_V, tl.sum(second, axis=1), mask=mask)
 
 
