@@ -199,7 +199,7 @@ def _masses_probe(t_logits, d_logits, V, rho_ptr, m_ptr, logs2_ptr, out_w, out_t
     resid = active & (rho >= 0)
     m = tl.load(m_ptr + r)[:, None]
     logs2 = tl.load(logs2_ptr + r)[:, None]
-    scale = tl.full([2, 1], 1.4426950408889634, tl.float32)
+    scale = tl.full([2, 1], ts._LOG2E, tl.float32)
     ts._split_tile_masses(
         t_logits, V, V, d_logits, V, V, r[:, None], r[:, None], m, logs2, m, logs2, scale, rho, active, resid,
         resid, tl.full([2, 1], -1, tl.int64), r < 2, 0, V, out_w + r * NT, out_t + r * NT, True, 0, BLOCK_V,
@@ -219,7 +219,7 @@ def test_target_draw_masses_are_the_same_bits_in_either_tile_loop(device):
     logits[0, 7] = float("-inf")
     draft = (logits + 0.5).to(torch.bfloat16)
     m = logits.max(dim=1).values.contiguous()
-    logs2 = torch.log2(torch.exp2((logits - m[:, None]) * 1.4426950408889634).sum(dim=1)).contiguous()
+    logs2 = torch.log2(torch.exp2((logits - m[:, None]) * ts._LOG2E.value).sum(dim=1)).contiguous()
     sums = {}
     for lane0, lane1 in ((-1.0, -2.0), (-1.0, -1.0), (-1.0, 0.5), (-2.0, -2.0)):  # rho -2: inactive, 0.5: a residual
         out_w = torch.full((2 * n_tiles,), float("nan"), dtype=torch.float64, device=device)
