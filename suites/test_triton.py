@@ -20,6 +20,7 @@ GPU tests (``-m gpu``) run the ``gpu`` profile catalog and a V = 152064 batch on
 """
 
 import math
+import types
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ torch = pytest.importorskip("torch", reason="the Triton backend needs torch")
 triton = pytest.importorskip("triton", reason="the Triton backend needs triton")
 
 import triton.language as tl  # noqa: E402
+from triton.language.extra.cuda import globaltimer  # noqa: E402
 
 from harness import stats  # noqa: E402
 from harness.backends import triton_fused as tf  # noqa: E402
@@ -538,13 +540,16 @@ def test_fused_reads_only_what_it_wrote(monkeypatch):
         _assert_same(fused, staged, batch)
 
 
-def _fused_scratch(monkeypatch, run) -> torch.Tensor:
-    """The fused path's float64 scratch after ``run()``, allocated zeroed (unwritten slots compare equal)."""
+def _fused_scratch(monkeypatch, run, prepare=None) -> torch.Tensor:
+    """The fused path's float64 scratch after ``run()``, allocated zeroed (unwritten slots compare
+    equal), then given to ``prepare`` where one is passed."""
     real_empty = torch.empty
     made = []
 
     def zeroed(*shape, **kwargs):
         made.append(torch.zeros(*shape, **kwargs))
+        if prepare is not None and made[-1].dtype == torch.float64:
+            prepare(made[-1])
         return made[-1]
 
     monkeypatch.setattr(torch, "empty", zeroed)
@@ -615,12 +620,14 @@ def test_fused_final_statistics_are_the_staged_ones(monkeypatch, splits_per_prog
         t = batch.to_torch("cpu")
         counts = torch.diff(torch.as_tensor(batch.cu_num_drafts))
         temperature = t["temperature"].to(torch.float64)
-        # Final statistics: the chain kernel's (before the mass counters) for a side of several
+        # Final statistics: the chain kernel's (before the mass counters and flags) for a side of several
         # splits, else the stats kernel's own (target at 0, draft after the target's partials).
         n_t, n_d = len(batch.target_logits), len(batch.draft_tokens) if with_draft else 0
         t_split = ts._tiles(vocab, False, block_v, splits)[2]
         d_split = ts._tiles(draft_vocab, False, block_v, splits)[2] if with_draft else 1
-        at = len(scratch) - len(counts) - 4 * (n_t * (t_split > 1) + n_d * (d_split > 1))  # before the counters
+        at = (
+            len(scratch) - tf._counters_and_flags(len(counts)) - 4 * (n_t * (t_split > 1) + n_d * (d_split > 1))
+        )  # before the counters and flags
         t_at = at if t_split > 1 else 0
         d_at = at + 4 * n_t * (t_split > 1) if d_split > 1 else 4 * n_t * t_split
         sides = [(t["target_logits"], torch.repeat_interleave(torch.arange(len(counts)), counts + 1), t_at, _rows_with_drafts(counts))]
@@ -835,12 +842,109 @@ def test_gpu_fused_final_statistics_are_the_staged_ones(vocab, b, k, monkeypatch
         (target, torch.repeat_interleave(owners, counts + 1), _rows_with_drafts(counts)),
         (draft, torch.repeat_interleave(owners, counts), None),
     ]
-    at = len(scratch) - b - 4 * (len(target) + len(draft))  # the final statistics, then the counters
+    at = len(scratch) - tf._counters_and_flags(b) - 4 * (len(target) + len(draft))  # the final statistics, then the counters and flags
     for name, (logits, owner, rows) in zip(("target", "draft"), sides):
         want = ts._Stats(logits, owner, temps.to(torch.float64), True, group=_staged_group(vocab, True) if name == "target" else 0)
         n = len(owner)
         _assert_stats_equal(scratch[at : at + 4 * n].view(4, n), want, name, log_sum_order_bound=True, rows=rows)
         at += 4 * n
+
+
+_final_stats, _store_chain = tf._final_stats, tf._store_chain
+
+
+@triton.jit
+def _spin():
+    """About 0.5 ms of nothing: long after the host has launched every kernel of the call."""
+    begin = globaltimer()
+    now = begin
+    while now - begin < 500_000:
+        now = globaltimer()
+
+
+@triton.jit
+def _late_final_stats(s_m, s_s, s_arg, s_nan, rows, mask):
+    """``_final_stats`` late (the candidate kernel's call: its candidates start late)."""
+    _spin()
+    return _final_stats(s_m, s_s, s_arg, s_nan, rows, mask)
+
+
+@triton.jit
+def _late_store_chain(chain, r, mask, n, rejected, n_eff, rhos, K, B, HAS_BLOCK: tl.constexpr, KP: tl.constexpr):
+    """``_store_chain`` late (the chain kernel's results and its flags come late)."""
+    _spin()
+    _store_chain(chain, r, mask, n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
+
+
+_LATE = {
+    "chain": ("_fused_chain_kernel", "_store_chain", _late_store_chain),
+    "candidates": ("_fused_candidate_kernel", "_final_stats", _late_final_stats),
+}
+
+
+def _late_kernel(late):
+    """The fused kernel ``late`` names with one jit function it calls swapped for its late
+    variant: the same source and arguments."""
+    kernel, callee, late_callee = _LATE[late]
+    fn = getattr(tf, kernel).fn
+    swapped = types.FunctionType(fn.__code__, {**fn.__globals__, callee: late_callee}, fn.__name__, fn.__defaults__)
+    # a new function object has no annotations: copy them, or no parameter is tl.constexpr
+    swapped.__annotations__, swapped.__module__, swapped.__qualname__ = fn.__annotations__, fn.__module__, fn.__qualname__
+    return kernel, triton.jit(do_not_specialize=tf._COUNTS)(swapped)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("stale_flags", [False, True], ids=["lowered-flags", "stale-flags"])
+@pytest.mark.parametrize("late", sorted(_LATE))
+def test_gpu_fused_mass_kernel_waits_for_its_blocks_flags(late, stale_flags, monkeypatch):
+    """With programmatic dependent launch and a pick kernel, the mass kernel starts beside the
+    candidate kernel, and each of its programs waits on its request block's flags: the chain
+    kernel's, then, after a rejection, the candidate kernel's. Here the chain kernel stores its
+    results, or every candidate program starts its candidates, about 0.5 ms late. A mass program
+    that did not wait for the chain would take a zeroed chain (a kept candidate 0: no masses);
+    one that did not wait for the candidates would read no kept candidate (-1) and sum that
+    request's masses. At B = 256, K = 1, V = 131072 (mixed batch): the tokens of the same
+    kernels run one after the other (PDL off), no masses for a request whose candidate is kept,
+    masses for others. ``stale-flags``: the flags start raised, as an earlier call leaves them
+    in memory the allocator hands out again (the statistics kernel lowers them)."""
+    if not tf._pdl(torch.device("cuda")):
+        pytest.skip("this GPU has no programmatic dependent launch (sm_90+ and Triton's launch_pdl): no flags to wait on")
+    b = 256
+    args = _device_mixed_batch(131072, b, 1, 0)
+    monkeypatch.setattr(tf, *_late_kernel(late))
+    ts.verify(*args, path="fused")  # compiles: the first call's launches are a compile apart, nothing overlaps
+    launched = []
+    real_launch_each = tf.launch_each
+    monkeypatch.setattr(tf, "launch_each", lambda launches, *a: launched.append(a) or real_launch_each(launches, *a))
+    flag_slots = tf._counters_and_flags(b) - b
+    raise_flags = (lambda s: s[len(s) - flag_slots :].view(torch.int32).fill_(1)) if stale_flags else None
+    result, events = [], [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+
+    def run():
+        events[0].record()
+        result.append(ts.verify(*args, path="fused"))
+        events[1].record()
+
+    scratch = _fused_scratch(monkeypatch, run, prepare=raise_flags)
+    torch.cuda.synchronize()
+    assert events[0].elapsed_time(events[1]) > 0.5, f"the {late} did not come late: the test checks nothing"
+    with monkeypatch.context() as m:
+        m.setattr(tf, "_PDL", False)
+        want_tokens, want_emitted = ts.verify(*args, path="fused")
+    tokens, emitted = result[0]
+    bad = torch.nonzero((tokens != want_tokens).any(dim=1) | (emitted != want_emitted)).flatten().tolist()
+    assert not bad, f"{len(bad)} of {b} requests differ from the serial launches; first {bad[0]}"
+    k, m_off, m_size, c_off, n_tiles = (launched[0][i] for i in (13, 19, 20, 21, 23))
+    assert launched[0][15] is scratch and launched[0][14] == b
+    kept = scratch[c_off + (k + 4) * b : c_off + (k + 5) * b] >= 0
+    per_request = (k + 1) * n_tiles  # each request's rows of tile masses (``_fused_mass_kernel``)
+    masses = [scratch[at : at + b * per_request].view(b, per_request) for at in (m_off, m_off + m_size)]
+    summed = (masses[0] != 0).any(dim=1) | (masses[1] != 0).any(dim=1)
+    assert kept.any(), "no request kept a residual candidate: nothing to check"
+    assert summed[~kept].any(), "no masses where a request draws: the test reads the wrong slots"
+    wasted = torch.nonzero(kept & summed).flatten().tolist()
+    assert not wasted, f"{len(wasted)} of {int(kept.sum())} requests with a kept candidate got masses; first {wasted[0]}"
 
 
 @pytest.mark.gpu

@@ -5,7 +5,23 @@ call (row statistics and their merge for target and draft, owners, chain, strict
 block masses and stop, draw masses and pick) and allocates a dozen tensors. This path does
 the same work for every method in three to five launches, three allocations (outputs and
 one float64 scratch) and no host synchronization; on sm_90+ each launch after the first is
-programmatic (``_PDL``: it starts while the previous kernel runs and waits for it on the device):
+programmatic (``_PDL``: it starts while the previous kernel runs and waits for it on the device,
+``gdc_wait``). Where a pick kernel follows, the mass kernel starts beside the candidate kernel
+(which lets it launch before its own ``gdc_wait``), and each mass program waits only for its
+request block, on flags (``_raise``, ``_await``: release and acquire, gpu scope; the statistics
+kernel lowers them each call, the scratch is not zeroed):
+* the chain kernel's, raised once the block's chain is stored (2 if one of its requests
+  rejected, else 1): a kernel two programmatic launches behind may start before the first has
+  ended (``benchmarks/pdl_overlap.py``; on an H100, session 27, in 8 of 10 tries the third of
+  three kernels started 12-25 us before the first ended and read its flag unset);
+* after a rejection, the candidate kernel's: a mass program would otherwise sum the masses of a
+  request whose candidate is kept, and the pick kernel, which waits for the whole mass kernel,
+  could read the block's candidates before they are stored.
+At B = 256, K = 1, V = 131072 on an H100 the wait for the whole candidate kernel had cost 6.9 us
+of 134.4 (session 26); having the candidate kernel wait for the chain before the mass kernel
+may launch, with no chain flag, cost 1.7 us of those back (session 27). At up to
+``_PICK_IN_MASS_MAX_BLOCKS`` blocks the flags' atomics cost more (0.6-1.0 us at B = 1) than
+the wait they save, and the mass kernel waits with ``gdc_wait``:
 
 1. ``_fused_stats_kernel``, grid ((request, step) blocks x runs of target and draft splits, the runs of
    a block consecutive):
@@ -226,16 +242,39 @@ def _job(
 
 
 # --- kernels --------------------------------------------------------------------------------------
+@triton.jit
+def _flags(scratch, k_off, B):
+    """Per request block: whether the chain kernel (``flags + block``) and the candidate kernel
+    (``flags + B + block``) are done with it, int32 beside the mass kernel's counters (PDL only)."""
+    return (scratch + k_off + B).to(tl.pointer_type(tl.int32), bitcast=True)
+
+
+@triton.jit
+def _raise(flag, value):
+    """Set ``flag`` to ``value`` (> 0) once every thread of the program has stored its results."""
+    tl.debug_barrier()
+    tl.atomic_xchg(flag, value, sem="release", scope="gpu")
+
+
+@triton.jit
+def _await(flag):
+    """Spin until ``flag`` is raised and return its value (acquire: the raiser's stores are seen after)."""
+    seen = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+    while seen == 0:
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+    return seen
+
+
 # Batch sizes and scratch offsets are not specialized on (== 1, divisible by 16): every new batch
 # shape would compile the kernels again (the GPU suite's fuzzing spent minutes compiling).
-_STATS_COUNTS = ["KS", "B", "t_size", "d_off", "d_size", "per", "runs"]
+_STATS_COUNTS = ["KS", "B", "t_size", "d_off", "d_size", "per", "runs", "k_off"]
 _COUNTS = ["K", "B", "t_size", "d_off", "d_size", "m_off", "m_size", "c_off", "n_tiles"]
 
 
 @triton.jit(do_not_specialize=_STATS_COUNTS)
 def _fused_stats_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, KS, B, scratch, t_size, d_off, d_size,
-    t_split_len, d_split_len, per, runs, g_sum, g_tile, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr,
+    t_split_len, d_split_len, per, runs, g_sum, g_tile, k_off, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr,
     D_NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
@@ -248,6 +287,10 @@ def _fused_stats_kernel(
     needs none (``_tile_weights``)."""
     if PDL:  # the chain kernel's programs may start (and wait) while this kernel's last ones run
         gdc_launch_dependents()
+        if tl.program_id(0) == 0:  # the later kernels' flags, lowered for this call
+            flags = _flags(scratch, k_off, B)
+            for i in range(0, 2 * B, 1024):
+                tl.store(flags + i + tl.arange(0, 1024), 0, mask=i + tl.arange(0, 1024) < 2 * B)
     # Request-major: a lane block's ``runs`` runs of splits (target, then draft) are consecutive
     # programs, which read its rows in order: 0.4-5.5% less graph time at B = 256-1024 on an H100
     # than each split of every row in turn; at B = 64 from 1.8 us less to 1.1 us more, at B = 1
@@ -379,6 +422,8 @@ def _fused_chain_kernel(
     _store_chain(scratch + c_off, r, valid, n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
     if PICK:
         tl.store(scratch + k_off + tl.program_id(0), 0.0)  # the mass kernel's counter of this block
+    if PDL and not PICK:  # the mass kernel's programs of this block may start: 2 if one of its requests rejected
+        _raise(_flags(scratch, k_off, B) + tl.program_id(0), 1 + tl.max((valid & rejected).to(tl.int32), axis=0))
 
 
 @triton.jit(do_not_specialize=_COUNTS)
@@ -399,8 +444,12 @@ def _fused_candidate_kernel(
     ks = tl.arange(0, KP)[None, :]
     x = tl.load(drafts + start[:, None] + ks, mask=valid[:, None] & (ks < cnt[:, None]), other=-1)  # the caller's
     if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+        if PICK:  # the mass kernel waits for this one to end
+            gdc_wait()
+            gdc_launch_dependents()
+        else:  # the mass kernel starts now and waits for each block's flags instead
+            gdc_launch_dependents()
+            gdc_wait()
     n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int64)
     need = valid & rejected & (temp != 0)
     if HAS_STRICT:
@@ -425,6 +474,8 @@ def _fused_candidate_kernel(
         kept = tl.where(bad, -1, kept)
         tl.store(scratch + c_off + (K + 4) * B + r, kept, mask=need)
         _store_outputs(tokens, emitted, r, x, n, kept, need & (kept >= 0), K, KP)
+    if PDL and not PICK:
+        _raise(_flags(scratch, k_off, B) + B + tl.program_id(0), 1)
 
 
 @triton.jit(do_not_specialize=_COUNTS)
@@ -443,8 +494,14 @@ def _fused_mass_kernel(
     split = tl.program_id(1)  # the span
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
     if PDL:
-        gdc_wait()
-        if not PICK:  # a pick kernel follows; otherwise this is the call's last kernel
+        if PICK:  # the call's last kernel
+            gdc_wait()
+        else:
+            # This block's chain, and its candidates where one of its requests rejected: the
+            # other blocks' candidates run meanwhile. Then the pick kernel may start.
+            flags = _flags(scratch, k_off, B) + tl.program_id(0)
+            if _await(flags) > 1 and N > 0:
+                _await(flags + B)
             gdc_launch_dependents()
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
     n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int64)  # as _chain's
@@ -669,6 +726,14 @@ _STATS_MAX_REGISTERS = 64
 # mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 (benchmarks/RESULTS.md,
 # issue 3, session 16). The tokens are the same either way.
 _PICK_IN_MASS_MAX_BLOCKS = 8
+
+
+def _counters_and_flags(b: int) -> int:
+    """The scratch's last float64 slots: the mass kernel's counters, one per request block (at
+    most b), then two int32 flags per block (``_flags``)."""
+    return 2 * b
+
+
 # Programmatic dependent launch (Hopper and later): each kernel after the statistics kernel is
 # launched while the previous one runs and waits for it on the device, which hides its launch
 # (1-3 us less per call on an H100; benchmarks/RESULTS.md, issue 3, session 18).
@@ -767,8 +832,8 @@ def verify_fused(
     g_size, r_size = (n_t * cdiv(vocab, group), n_t * cdiv(vocab, t_width) * 2) if candidates else (0, 0)
     f_off = g_off + cdiv(g_size + r_size, 2)  # final statistics where the vocabulary has several splits
     f_size = 4 * n_t * (t_nsplit > 1) + 4 * n_d * (d_nsplit > 1)
-    k_off = f_off + f_size  # the mass kernel's counters, one per request block (at most b)
-    scratch = torch.empty(k_off + b, dtype=torch.float64, device=dev)
+    k_off = f_off + f_size
+    scratch = torch.empty(k_off + _counters_and_flags(b), dtype=torch.float64, device=dev)
     groups = scratch[g_off:f_off].view(torch.float32)
     g_sum, g_tile = groups[:g_size], groups[g_size : g_size + r_size]
     temperature = temperature.to(torch.float64)
@@ -782,7 +847,7 @@ def verify_fused(
     launch(
         _fused_stats_kernel, (cdiv(b * ks, lanes) * runs,),
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, ks, b,
-        scratch, t_size, d_off, d_size, t_split_len, d_split_len, per, runs, g_sum, g_tile, has_draft, t_nsplit, d_nsplit, lanes,
+        scratch, t_size, d_off, d_size, t_split_len, d_split_len, per, runs, g_sum, g_tile, k_off, has_draft, t_nsplit, d_nsplit, lanes,
         t_width, _stats_width(d_split_len, d_block_v, cuda), group if candidates else 0, pdl,
         num_warps=4, **({"maxnreg": _STATS_MAX_REGISTERS} if cuda and candidates else {}),
     )  # fmt: skip
@@ -826,7 +891,8 @@ def verify_fused(
         pdl,
     )
     # After the statistics kernel each kernel may start before the previous one ends and waits
-    # for it (``gdc_wait``) before it reads what that kernel wrote; the first waits for earlier work.
+    # for it (``gdc_wait``) before it reads what that kernel wrote (the mass kernel before a pick
+    # kernel: for its block's flags); the first waits for earlier work.
     options = {"num_warps": 4} | ({"launch_pdl": True} if pdl else {})
     # The kernels after the statistics share one signature and these arguments (``launch_each``).
     launches = [(_fused_chain_kernel, (cdiv(b, lanes),), options)]
