@@ -2,10 +2,11 @@
 
 Three one-program kernels in a stream, the second and third launched with programmatic
 dependent launch (``launch_pdl``): ``first`` spins 50 us and then raises a flag; ``second``
-lets its dependents launch before (or, ``--second-waits-first``, after) its own ``gdc_wait``;
-``third`` reads the flag without waiting. The fused Triton sampler's mass kernel is such a third
-kernel (``harness/backends/triton_fused.py``): it may read the chain kernel's results only on a
-flag. Usage: ``python benchmarks/pdl_overlap.py [--json PATH]`` on an sm_90+ GPU.
+lets its dependents launch before its own ``gdc_wait`` (``second_triggers_first``), then, in a
+second set of tries, after it (``second_waits_first``); ``third`` reads the flag without
+waiting. The fused Triton sampler's mass kernel is such a third kernel
+(``harness/backends/triton_fused.py``): it may read the chain kernel's results only on a flag.
+Usage: ``python benchmarks/pdl_overlap.py [--tries N] [--json PATH]`` on an sm_90+ GPU.
 """
 
 import argparse
@@ -31,7 +32,7 @@ def _first(flag, times):
 
 
 @triton.jit
-def _second(flag, times, WAIT_FIRST: tl.constexpr):
+def _second(times, WAIT_FIRST: tl.constexpr):
     if WAIT_FIRST:
         gdc_wait()
         gdc_launch_dependents()
@@ -50,7 +51,7 @@ def _third(flag, times):
 
 def _launch(flag, times, wait_first):
     _first[(1,)](flag, times)
-    _second[(1,)](flag, times, wait_first, launch_pdl=True)
+    _second[(1,)](times, wait_first, launch_pdl=True)
     _third[(1,)](flag, times, launch_pdl=True)
 
 

@@ -7,9 +7,10 @@ the same work for every method in three to five launches, three allocations (out
 one float64 scratch) and no host synchronization; on sm_90+ each launch after the first is
 programmatic (``_PDL``: it starts while the previous kernel runs and waits for it on the device,
 ``gdc_wait``). Where a pick kernel follows, the mass kernel starts beside the candidate kernel
-(which lets it launch before its own ``gdc_wait``), and each mass program waits only for its
-request block, on flags (``_raise``, ``_await``: release and acquire, gpu scope; the statistics
-kernel lowers them each call, the scratch is not zeroed):
+(which lets it launch before its own ``gdc_wait``; beside the chain kernel where no candidate
+kernel runs), and each mass program waits only for its request block, on flags (``_raise``,
+``_await``: release and acquire, gpu scope; the statistics kernel lowers them each call, the
+scratch is not zeroed):
 * the chain kernel's, raised once the block's chain is stored (2 if one of its requests
   rejected, else 1): a kernel two programmatic launches behind may start before the first has
   ended (``benchmarks/pdl_overlap.py``; on an H100, session 27, in 8 of 10 tries the third of
@@ -17,6 +18,10 @@ kernel lowers them each call, the scratch is not zeroed):
 * after a rejection, the candidate kernel's: a mass program would otherwise sum the masses of a
   request whose candidate is kept, and the pick kernel, which waits for the whole mass kernel,
   could read the block's candidates before they are stored.
+The candidate programs of a block without a rejection are waited for by no later kernel of the
+call: they only raise their flag, and work launched after the call without PDL (the next call's
+statistics kernel; PyTorch's kernels, which may reuse the scratch) waits for them. A ``gdc_wait``
+ending each mass program would close that, at 2.4-2.9 us of 127-145 at B = 256, K = 1 (session 27).
 At B = 256, K = 1, V = 131072 on an H100 the wait for the whole candidate kernel had cost 6.9 us
 of 134.4 (session 26); having the candidate kernel wait for the chain before the mass kernel
 may launch, with no chain flag, cost 1.7 us of those back (session 27). At up to
@@ -735,8 +740,9 @@ def _counters_and_flags(b: int) -> int:
 
 
 # Programmatic dependent launch (Hopper and later): each kernel after the statistics kernel is
-# launched while the previous one runs and waits for it on the device, which hides its launch
-# (1-3 us less per call on an H100; benchmarks/RESULTS.md, issue 3, session 18).
+# launched while the previous one runs and waits for it on the device (the mass kernel before a
+# pick kernel: on its block's flags), which hides its launch (1-3 us less per call on an H100;
+# benchmarks/RESULTS.md, issue 3, session 18).
 _PDL = True
 
 
