@@ -935,8 +935,9 @@ def test_gpu_fused_mass_kernel_waits_for_its_blocks_flags(late, stale_flags, mon
     tokens, emitted = result[0]
     bad = torch.nonzero((tokens != want_tokens).any(dim=1) | (emitted != want_emitted)).flatten().tolist()
     assert not bad, f"{len(bad)} of {b} requests differ from the serial launches; first {bad[0]}"
-    k, m_off, m_size, c_off, n_tiles = (launched[0][i] for i in (13, 19, 20, 21, 23))
-    assert launched[0][15] is scratch and launched[0][14] == b
+    arg = dict(zip(tf._fused_chain_kernel.arg_names, launched[0]))  # the kernels after the statistics share it
+    k, m_off, m_size, c_off, n_tiles = (arg[name] for name in ("K", "m_off", "m_size", "c_off", "n_tiles"))
+    assert arg["scratch"] is scratch and arg["B"] == b
     kept = scratch[c_off + (k + 4) * b : c_off + (k + 5) * b] >= 0
     per_request = (k + 1) * n_tiles  # each request's rows of tile masses (``_fused_mass_kernel``)
     masses = [scratch[at : at + b * per_request].view(b, per_request) for at in (m_off, m_off + m_size)]
