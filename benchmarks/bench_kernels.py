@@ -112,6 +112,34 @@ def inputs(b, k, v, seed=0):
     }
 
 
+# The fused path's launch constants: how its work is spread over programs. None changes the
+# tokens (each one's docstring in harness/backends/triton_fused.py says why), so one GPU can
+# be tuned apart from another by timing alone.
+TUNABLE = ("_STATS_PROGRAMS", "_STATS_MAX_SPLITS", "_MASS_PROGRAMS", "_MASS_MAX_TILES", "_PICK_IN_MASS_MAX_BLOCKS")
+
+
+def set_constants(spec: str) -> dict:
+    """Set ``TUNABLE`` constants from "NAME=N,NAME=N" (names with or without the leading
+    underscore) before the first call; returns what was set. Raises ValueError on a name
+    not in ``TUNABLE`` or a value that is not an integer >= 1 (>= 0 for
+    ``_PICK_IN_MASS_MAX_BLOCKS``), before setting any."""
+    from harness.backends import triton_fused
+
+    wanted = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, value = item.partition("=")
+        name = "_" + name.strip().lstrip("_")
+        if not sep or name not in TUNABLE:
+            raise ValueError(f"set_constants: {item!r} is not NAME=N with NAME one of {', '.join(TUNABLE)}")
+        least = 0 if name == "_PICK_IN_MASS_MAX_BLOCKS" else 1  # 0: a pick kernel at every batch size
+        if not value.strip().isdigit() or int(value) < least:
+            raise ValueError(f"set_constants: {item!r}: the value must be an integer >= {least}")
+        wanted[name] = int(value)
+    for name, value in wanted.items():
+        setattr(triton_fused, name, value)
+    return wanted
+
+
 def triton_call(x, b, k, v, path="auto", tiles=None):
     """``tiles`` ("BLOCK_VxT"): BLOCK_V-wide tiles, T tiles per vocabulary split (default: ``_tiles``)."""
     from harness.backends.triton_sampler import verify
@@ -223,7 +251,12 @@ def main() -> int:
     ap.add_argument("--batches", help=f"comma-separated (default: {BATCHES})")
     ap.add_argument("--drafts", help=f"comma-separated (default: {DRAFTS})")
     ap.add_argument("--vocabs", help=f"comma-separated (default: {VOCABS})")
+    ap.add_argument("--set", default="", help=f"the fused path's launch constants, NAME=N,... (one of {', '.join(TUNABLE)})")
     args = ap.parse_args()
+    try:
+        constants = set_constants(args.set)
+    except ValueError as e:
+        ap.error(str(e))
     ints = lambda text, default: tuple(int(n) for n in text.split(",")) if text else default  # noqa: E731
     names = args.backends.split(",")
     names += [f"{n}@{t}" for t in (args.tiles.split(",") if args.tiles else ()) for n in names if n.startswith("triton")]
@@ -284,6 +317,7 @@ def main() -> int:
                     "environment": describe(),
                     "copy_bandwidth_Bps": bandwidth,
                     "flush": args.flush,
+                    "constants": constants,
                     "command": " ".join(sys.argv),
                     "results": rows,
                 },

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Verify on an air-gapped GPU machine (no package access): the vLLM trees and wheels travel
-# in vendor/ (scripts/build_vllm_tree.py; vendor/suite-wheels from `pip download`).
+# in vendor/ (scripts/build_vllm_tree.py; vendor/suite-wheels: what the suite needs and the
+# image lacks, plotly, from `pip download --no-deps --only-binary=:all: --python-version 3.12
+# -d vendor/suite-wheels plotly==7.1.0`).
 # Usage: OUT=/some/dir [STEPS="verdict runs runbench pytest kernels"] [VERDICT_ARGS="--backend triton"]
 #        [PYTEST_ARGS="suites/test_triton.py -m gpu"] [KERNEL_ARGS="--backends triton,vllm-mrv2"] bash scripts/gpu_run.sh
 #   -> $OUT/gpu_results.tgz (logs, JSON, reports)
