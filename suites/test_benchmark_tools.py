@@ -1,8 +1,10 @@
 """The benchmarks' hooks into the fused path (issue 3): launch constants set from the command
 line (``bench_kernels.set_constants``) and the call cut after its first kernels
 (``ab_fused.cut_after``). Both time variants of the sampler on a GPU without a second copy of
-its code, so both must do what they say; checked here under the interpreter."""
+its code, so both must do what they say; checked here under the interpreter. That the
+constants leave the tokens as they were: ``suites/test_triton.py``."""
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the Triton backend needs torch")
@@ -10,7 +12,7 @@ pytest.importorskip("triton", reason="the Triton backend needs triton")
 
 from benchmarks import ab_fused, bench_kernels  # noqa: E402
 from harness.backends import triton_fused as tf  # noqa: E402
-from harness.backends.triton_sampler import verify  # noqa: E402
+from suites.test_triton import _any_requests, _batch, _sample  # noqa: E402
 
 
 @pytest.fixture
@@ -18,23 +20,6 @@ def restored(monkeypatch):
     """Whatever a test sets in ``triton_fused`` is put back after it."""
     for name in (*bench_kernels.TUNABLE, "launch_each"):
         monkeypatch.setattr(tf, name, getattr(tf, name))
-
-
-def _call(b=3, k=2, vocab=300):
-    """A fused call of standard requests with draft probabilities, several vocabulary splits."""
-    g = torch.Generator().manual_seed(0)
-    target = torch.randn(b * (k + 1), vocab, generator=g)
-    draft = torch.randn(b * k, vocab, generator=g)
-    drafts = torch.randint(0, vocab, (b * k,), generator=g)
-    cu = torch.arange(0, b * k + 1, k)
-    positions = torch.arange(b * (k + 1)) + 7
-    methods = torch.zeros(b, dtype=torch.int8)
-    temperature = torch.ones(b, dtype=torch.float64)
-    seeds = torch.arange(b) + 11
-    return lambda: verify(
-        target, draft, drafts, cu, temperature, seeds, positions, methods, None, k,
-        has_strict=False, has_block=False, has_synthetic=False, path="fused", block_v=64, splits=3,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -48,25 +33,18 @@ def test_set_constants_rejects_bad_input_before_setting_any(spec, restored):
     assert {name: getattr(tf, name) for name in bench_kernels.TUNABLE} == before
 
 
-def test_set_constants_leave_the_tokens_as_they_were(restored):
-    """The constants only spread the work over programs: one program each for all the splits
-    and tiles it may take gives the same tokens."""
-    call = _call()
-    tokens, emitted = call()
-    assert bench_kernels.set_constants("STATS_PROGRAMS=1, _MASS_PROGRAMS=1,MASS_MAX_TILES=8, PICK_IN_MASS_MAX_BLOCKS=0") == {
-        "_STATS_PROGRAMS": 1,
-        "_MASS_PROGRAMS": 1,
-        "_MASS_MAX_TILES": 8,
-        "_PICK_IN_MASS_MAX_BLOCKS": 0,
-    }
-    assert tf._stats_splits_per_program(6, 3) == 3  # the setting reached the plan
-    again, emitted_again = call()
-    assert torch.equal(tokens, again) and torch.equal(emitted, emitted_again)
+def test_set_constants_sets_the_fused_module(restored):
+    wanted = {"_STATS_PROGRAMS": 1, "_MASS_PROGRAMS": 1, "_MASS_MAX_TILES": 8, "_PICK_IN_MASS_MAX_BLOCKS": 0}
+    assert bench_kernels.set_constants("STATS_PROGRAMS=1, _MASS_PROGRAMS=1,MASS_MAX_TILES=8, PICK_IN_MASS_MAX_BLOCKS=0") == wanted
+    assert {name: getattr(tf, name) for name in wanted} == wanted
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_cut_after_launches_the_first_kernels_only(n, restored):
+    rng = np.random.default_rng(0)
+    vocab = 300
+    batch = _batch(_any_requests(rng, vocab, 3, vocab, 2), vocab)
     ab_fused.cut_after(n)
-    _call()()
+    _sample(batch, path="fused")
     kernels = ["_fused_stats_kernel", "_fused_chain_kernel", "_fused_candidate_kernel", "_fused_mass_kernel"]
     assert ab_fused.LAUNCHED == kernels[:n]

@@ -518,6 +518,19 @@ def test_fused_pick_in_a_kernel_of_its_own_equals_staged(monkeypatch):
         _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
 
 
+def test_fused_launch_constants_leave_the_tokens_as_they_were(monkeypatch):
+    """The launch constants a GPU is tuned by (``benchmarks/bench_kernels.py --set``) only spread
+    the work over programs: all splits in one statistics program, eight tiles in one mass
+    program and a pick kernel of its own give the staged path's tokens."""
+    for name, value in {"_STATS_PROGRAMS": 1, "_MASS_PROGRAMS": 1, "_MASS_MAX_TILES": 8, "_PICK_IN_MASS_MAX_BLOCKS": 0}.items():
+        monkeypatch.setattr(tf, name, value)
+    assert tf._stats_splits_per_program(6, 3) == 3  # the settings reach the plan
+    for vocab, draft_vocab, with_draft, tiles in FUSED_CASES[:4]:
+        rng = np.random.default_rng([vocab, 17])
+        batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
+        _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
+
+
 def test_fused_reads_only_what_it_wrote(monkeypatch):
     """With its float64 scratch allocated full of NaN, the fused path still gives the staged
     path's outputs: no kernel reads a slot no earlier kernel wrote (a request's last target
