@@ -494,6 +494,18 @@ FUSED_CASES = [  # vocab, draft vocab, draft logits, tiles
 ]
 
 
+def _mixed_batch(vocab, draft_vocab, with_draft, seed):
+    """Thirty mixed requests of up to 5 drafts over a ``FUSED_CASES`` vocabulary (rng ``[vocab, seed]``)."""
+    rng = np.random.default_rng([vocab, seed])
+    return _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
+
+
+def _assert_fused_equals_staged(vocab, draft_vocab, with_draft, tiles, seed):
+    """The fused path's outputs are the staged path's on ``_mixed_batch``."""
+    batch = _mixed_batch(vocab, draft_vocab, with_draft, seed)
+    _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
+
+
 @pytest.mark.parametrize(
     "vocab,draft_vocab,with_draft,tiles",
     FUSED_CASES,
@@ -503,9 +515,7 @@ def test_fused_equals_staged(vocab, draft_vocab, with_draft, tiles):
     """The fused path's outputs are the staged path's, token for token, on mixed batches
     (the same tiles, reductions and counter-based uniforms drive the same decisions)."""
     for seed in range(3):
-        rng = np.random.default_rng([vocab, seed])
-        batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
-        _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
+        _assert_fused_equals_staged(vocab, draft_vocab, with_draft, tiles, seed)
 
 
 def test_fused_pick_in_a_kernel_of_its_own_equals_staged(monkeypatch):
@@ -513,9 +523,7 @@ def test_fused_pick_in_a_kernel_of_its_own_equals_staged(monkeypatch):
     picks in a fourth kernel: the same tokens (the interpreter's one block picks in the mass kernel)."""
     monkeypatch.setattr(tf, "_PICK_IN_MASS_MAX_BLOCKS", 0)
     for vocab, draft_vocab, with_draft, tiles in FUSED_CASES[:4]:
-        rng = np.random.default_rng([vocab, 13])
-        batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
-        _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
+        _assert_fused_equals_staged(vocab, draft_vocab, with_draft, tiles, 13)
 
 
 def test_fused_launch_constants_leave_the_tokens_as_they_were(monkeypatch):
@@ -526,9 +534,7 @@ def test_fused_launch_constants_leave_the_tokens_as_they_were(monkeypatch):
         monkeypatch.setattr(tf, name, value)
     assert tf._stats_splits_per_program(6, 3) == 3  # the settings reach the plan
     for vocab, draft_vocab, with_draft, tiles in FUSED_CASES[:4]:
-        rng = np.random.default_rng([vocab, 17])
-        batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
-        _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
+        _assert_fused_equals_staged(vocab, draft_vocab, with_draft, tiles, 17)
 
 
 def test_fused_reads_only_what_it_wrote(monkeypatch):
@@ -542,8 +548,7 @@ def test_fused_reads_only_what_it_wrote(monkeypatch):
         return out.fill_(math.nan) if out.dtype == torch.float64 else out
 
     for vocab, draft_vocab, with_draft, tiles in FUSED_CASES[:4]:
-        rng = np.random.default_rng([vocab, 11])
-        batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
+        batch = _mixed_batch(vocab, draft_vocab, with_draft, 11)
         staged = _sample(batch, path="staged", **tiles)
         monkeypatch.setattr(torch, "empty", poisoned)
         try:
@@ -627,8 +632,7 @@ def test_fused_final_statistics_are_the_staged_ones(monkeypatch, splits_per_prog
         block_v, splits = tiles.get("block_v"), tiles.get("splits")
         if not splits:
             continue  # one split everywhere: the stats kernel stores final statistics itself
-        rng = np.random.default_rng([vocab, 7])
-        batch = _batch(_any_requests(rng, vocab, 30, draft_vocab, int(rng.integers(1, 6))), vocab, draft_vocab, with_draft)
+        batch = _mixed_batch(vocab, draft_vocab, with_draft, 7)
         scratch = _fused_scratch(monkeypatch, lambda batch=batch, tiles=tiles: _sample(batch, path="fused", **tiles))
         t = batch.to_torch("cpu")
         counts = torch.diff(torch.as_tensor(batch.cu_num_drafts))
