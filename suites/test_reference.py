@@ -9,6 +9,7 @@ from harness.profiles import get_profile
 from harness.protocol import VerifyBatch
 from harness.runner import run
 from harness.scenarios import RequestSpec, Scenario, materialize, trials
+from reference.distributions import repeat_period, softmax_rows
 from reference.methods import Method
 from reference.rng import Stream, uniforms
 from reference.rules import draw_from_row, inverse_cdf
@@ -162,3 +163,27 @@ def test_bfloat16_rounding_is_exact_in_torch():
         back = torch.from_numpy(rounded).to(getattr(torch, dtype)).float().numpy()
         np.testing.assert_array_equal(back, rounded)
         np.testing.assert_array_equal(torch.from_numpy(x).to(getattr(torch, dtype)).float().numpy(), rounded)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_softmax_of_repeated_rows_equals_each_rows_own(dtype):
+    """``softmax_rows`` computes one period of a batch whose rows repeat and tiles it: every
+    row, NaN, all-masked and greedy ones included, gets the bits it gets alone."""
+    rng = np.random.default_rng(0)
+    block = rng.standard_normal((7, 40)).astype(dtype)
+    block[3] = block[0]  # row 0 again inside the period, at another temperature: not a period
+    block[4, 5] = np.nan
+    block[5] = -np.inf
+    temps = np.array([1.0, 0.5, 0.0, 2.0, 1.0, 1.0, 0.7])
+    rows, t = np.concatenate([np.tile(block, (5, 1)), block[:3]]), np.concatenate([np.tile(temps, 5), temps[:3]])
+    assert repeat_period(rows, t) == 7
+    alone = np.concatenate([softmax_rows(row[None], ti) for row, ti in zip(rows, t)])
+    np.testing.assert_array_equal(softmax_rows(rows, t), alone)
+    # Equal rows at another temperature, or one bit apart, break the period.
+    t2 = t.copy()
+    t2[2] = 1.5
+    rows2 = rows.copy()
+    rows2[2, 39] = np.nextafter(rows2[2, 39], dtype(np.inf))
+    for r, ti in ((rows, t2), (rows2, t)):
+        assert repeat_period(r, ti) == len(r)
+        np.testing.assert_array_equal(softmax_rows(r, ti)[2], softmax_rows(r[2:3], ti[2])[0])
