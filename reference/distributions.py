@@ -23,7 +23,8 @@ def softmax_rows(logits: np.ndarray, temperature) -> np.ndarray:
     logits = np.asarray(logits)
     t = np.broadcast_to(np.asarray(temperature, dtype=np.float64), logits.shape[:-1])
     n = logits.shape[0] if logits.ndim == 2 else 1
-    period = repeat_period(logits, t) if n > 1 and logits.dtype.kind in "fiu" else n
+    comparable = logits.dtype.kind in "fiu" and logits.itemsize <= 8  # compared as unsigned ints of their width
+    period = repeat_period(logits, t) if n > 1 and comparable else n
     if period < n:
         return np.tile(_softmax(logits[:period], t[:period]), (-(-n // period), 1))[:n]
     return _softmax(logits, t)
