@@ -23,8 +23,7 @@ def softmax_rows(logits: np.ndarray, temperature) -> np.ndarray:
     logits = np.asarray(logits)
     t = np.broadcast_to(np.asarray(temperature, dtype=np.float64), logits.shape[:-1])
     n = logits.shape[0] if logits.ndim == 2 else 1
-    comparable = logits.dtype.kind in "fiu" and logits.itemsize <= 8  # compared as unsigned ints of their width
-    period = repeat_period(logits, t) if n > 1 and comparable else n
+    period = repeat_period(logits, t) if n > 1 else n
     if period < n:
         return np.tile(_softmax(logits[:period], t[:period]), (-(-n // period), 1))[:n]
     return _softmax(logits, t)
@@ -33,7 +32,10 @@ def softmax_rows(logits: np.ndarray, temperature) -> np.ndarray:
 def repeat_period(rows: np.ndarray, temperature: np.ndarray, tries: int = 4) -> int:
     """The least ``p`` such that row ``i + p`` equals row ``i``, bit for bit, and has its
     temperature, for every ``i``; ``len(rows)`` when none of the first ``tries`` rows equal
-    to row 0 starts such a period."""
+    to row 0 starts such a period, or when rows are not compared (their elements are read as
+    unsigned integers of their width: none wider than 8 bytes, no complex or object rows)."""
+    if rows.dtype.kind not in "fiu" or rows.itemsize > 8:
+        return len(rows)
     bits = np.ascontiguousarray(rows).view(f"u{rows.itemsize}")
     t = np.ascontiguousarray(temperature, dtype=np.float64).view(np.uint64)
     like_first = np.flatnonzero((bits[1:] == bits[0]).all(axis=1) & (t[1:] == t[0])) + 1

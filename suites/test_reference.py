@@ -187,3 +187,11 @@ def test_softmax_of_repeated_rows_equals_each_rows_own(dtype):
     for r, ti in ((rows, t2), (rows2, t)):
         assert repeat_period(r, ti) == len(r)
         np.testing.assert_array_equal(softmax_rows(r, ti)[2], softmax_rows(r[2:3], ti[2])[0])
+
+
+def test_rows_wider_than_8_bytes_have_no_period():
+    rows = np.tile(np.arange(6.0).reshape(2, 3), (3, 1))
+    assert repeat_period(rows, np.ones(6)) == 2
+    for wide in (rows.astype(np.longdouble), rows.astype(np.complex128)):
+        assert repeat_period(wide, np.ones(6)) == 6
+    np.testing.assert_array_equal(softmax_rows(rows.astype(np.longdouble), 1.0), softmax_rows(rows, 1.0))
