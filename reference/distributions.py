@@ -45,6 +45,26 @@ def repeat_period(rows: np.ndarray, temperature: np.ndarray, tries: int = 4) -> 
     return len(rows)
 
 
+class RepeatingRows:
+    """``length`` rows that repeat ``rows`` (row ``i`` is ``rows[i % len(rows)]``), indexed
+    like the array they stand for (an index array of rows, or rows then columns) without
+    building it: a batch of trials repeats its templates' rows, and gathering from one
+    period stays in cache where the whole batch's rows would not."""
+
+    def __init__(self, rows: np.ndarray, length: int):
+        self.rows, self.length = rows, length
+        self.shape = (length, *rows.shape[1:])
+
+    def __getitem__(self, key):
+        rows, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        rows = np.asarray(rows)
+        if rows.dtype.kind not in "iu":
+            raise IndexError(f"RepeatingRows: rows are chosen by integer index arrays, not {rows.dtype}")
+        if rows.size and (rows.min() < 0 or rows.max() >= self.length):
+            raise IndexError(f"RepeatingRows: row index out of range [0, {self.length}) (min {rows.min()}, max {rows.max()})")
+        return self.rows[(rows % len(self.rows) if rows.size else rows, *rest)]
+
+
 def _softmax(logits: np.ndarray, t: np.ndarray) -> np.ndarray:
     x = np.array(logits, dtype=np.float64)  # a private copy, worked on in place
     greedy = t == 0

@@ -3,14 +3,16 @@
 ``ReferenceSampler().sample(batch)`` takes a batch in the harness protocol's layout
 (``harness.protocol.VerifyBatch``; any object with the same attributes works) and returns
 ``(tokens [B, K+1] int64, num_emitted [B] int64)``; slots past ``num_emitted`` hold -1.
-Work is vectorized over requests and loops only over draft steps. Each step of the
-algorithm is a method, so a planted fault (``harness.faults``) overrides exactly one of them.
+Work is vectorized over requests and loops only over draft steps; a batch of trials repeats
+its templates' rows, whose probabilities are computed once per period (``RepeatingRows``).
+Each step of the algorithm is a method, so a planted fault (``harness.faults``) overrides
+exactly one of them.
 """
 
 import numpy as np
 
 from reference import rules
-from reference.distributions import pad_vocab, softmax_rows
+from reference.distributions import RepeatingRows, pad_vocab, repeat_period, softmax_rows
 from reference.methods import Method
 from reference.rng import Stream, uniforms
 
@@ -93,8 +95,8 @@ class ReferenceSampler:
         vocab = batch.target_logits.shape[-1]
         width = int(batch.max_drafts) + 1
 
-        target = self.target_probs(batch.target_logits, np.repeat(temperature, counts + 1))
-        draft = self.draft_probs(batch.draft_logits, np.repeat(temperature, counts), vocab)
+        target = _per_period(self.target_probs, batch.target_logits, np.repeat(temperature, counts + 1))
+        draft = _per_period(lambda x, t: self.draft_probs(x, t, vocab), batch.draft_logits, np.repeat(temperature, counts))
         num_drafts = self.effective_draft_counts(drafts, cu)
 
         tokens = np.full((num_reqs, width), -1, dtype=np.int64)
@@ -206,3 +208,15 @@ class ReferenceSampler:
         u = uniforms(seeds[reqs], positions[rows], Stream.RESIDUAL)
         tokens[reqs, stop] = rules.inverse_cdf(weights, u)
         emitted[reqs] = stop + 1
+
+
+def _per_period(probs_of, logits, temperature):
+    """``probs_of(logits, temperature)`` computed on one period of rows and standing for
+    every row (``RepeatingRows``) where the rows and their temperatures repeat bit for bit,
+    as a batch of trials repeats its templates' rows: each row still gets its own result."""
+    if logits is None:
+        return probs_of(None, temperature)
+    logits = np.asarray(logits)
+    period = repeat_period(logits, temperature) if len(logits) > 1 else len(logits)
+    probs = probs_of(logits[:period], temperature[:period])
+    return None if probs is None else RepeatingRows(probs, len(logits))

@@ -9,7 +9,7 @@ from harness.profiles import get_profile
 from harness.protocol import VerifyBatch
 from harness.runner import run
 from harness.scenarios import RequestSpec, Scenario, materialize, trials
-from reference.distributions import repeat_period, softmax_rows
+from reference.distributions import RepeatingRows, repeat_period, softmax_rows
 from reference.methods import Method
 from reference.rng import Stream, uniforms
 from reference.rules import draw_from_row, inverse_cdf
@@ -87,13 +87,16 @@ def _subset(batch: VerifyBatch, keep: np.ndarray) -> VerifyBatch:
 
 @pytest.mark.parametrize("method", ["standard", "strict", "block"])
 def test_output_does_not_depend_on_batch_mates(method):
+    """Nor on whether its rows repeat: the sampler computes a batch of trials' probabilities
+    once per period of their rows (``RepeatingRows``); a request alone has no period."""
     scenario = Scenario("mates", method, 9, (RequestSpec(3), RequestSpec(1, 0.7, "flat"), RequestSpec(0)), drafts="sampled", seed=4)
     batch = _batch(scenario, 40)
+    assert repeat_period(batch.target_logits, np.repeat(batch.temperature, batch.num_drafts + 1)) == 4 + 2 + 1
     tokens, emitted = ReferenceSampler().sample(batch.validate())
-    keep = np.arange(batch.num_requests)[::7]
-    sub_tokens, sub_emitted = ReferenceSampler().sample(_subset(batch, keep).validate())
-    np.testing.assert_array_equal(sub_emitted, emitted[keep])
-    np.testing.assert_array_equal(sub_tokens, tokens[keep])
+    for keep in (np.arange(batch.num_requests)[::7], [0], [1], [2], [61], [119]):
+        sub_tokens, sub_emitted = ReferenceSampler().sample(_subset(batch, np.asarray(keep)).validate())
+        np.testing.assert_array_equal(sub_emitted, emitted[keep])
+        np.testing.assert_array_equal(sub_tokens, tokens[keep])
 
 
 def test_uniforms_are_never_zero_or_one():
@@ -187,6 +190,20 @@ def test_softmax_of_repeated_rows_equals_each_rows_own(dtype):
     for r, ti in ((rows, t2), (rows2, t)):
         assert repeat_period(r, ti) == len(r)
         np.testing.assert_array_equal(softmax_rows(r, ti)[2], softmax_rows(r[2:3], ti[2])[0])
+
+
+def test_repeating_rows_index_like_the_rows_they_stand_for():
+    period = np.arange(12.0).reshape(3, 4)
+    whole = np.tile(period, (4, 1))[:11]  # a length that is not a whole number of periods
+    rows = RepeatingRows(period, 11)
+    assert rows.shape == whole.shape
+    picks = np.array([10, 0, 4, 4, 8])
+    np.testing.assert_array_equal(rows[picks], whole[picks])
+    np.testing.assert_array_equal(rows[picks, np.array([3, 0, 1, 2, 2])], whole[picks, [3, 0, 1, 2, 2]])
+    assert rows[np.array([], dtype=np.int64)].shape == (0, 4)
+    for bad in (np.array([11]), np.array([-1]), np.array([0.0])):
+        with pytest.raises(IndexError, match="RepeatingRows"):
+            rows[bad]
 
 
 def test_rows_wider_than_8_bytes_have_no_period():
