@@ -23,7 +23,7 @@ def softmax_rows(logits: np.ndarray, temperature) -> np.ndarray:
     logits = np.asarray(logits)
     t = np.broadcast_to(np.asarray(temperature, dtype=np.float64), logits.shape[:-1])
     n = logits.shape[0] if logits.ndim == 2 else 1
-    period = repeat_period(logits, t) if n > 1 else n
+    period = repeat_period(logits, t) if logits.ndim == 2 else n
     if period < n:
         return np.tile(_softmax(logits[:period], t[:period]), (-(-n // period), 1))[:n]
     return _softmax(logits, t)
@@ -32,9 +32,10 @@ def softmax_rows(logits: np.ndarray, temperature) -> np.ndarray:
 def repeat_period(rows: np.ndarray, temperature: np.ndarray, tries: int = 4) -> int:
     """The least ``p`` such that row ``i + p`` equals row ``i``, bit for bit, and has its
     temperature, for every ``i``; ``len(rows)`` when none of the first ``tries`` rows equal
-    to row 0 starts such a period, or when rows are not compared (their elements are read as
-    unsigned integers of their width: none wider than 8 bytes, no complex or object rows)."""
-    if rows.dtype.kind not in "fiu" or rows.itemsize > 8:
+    to row 0 starts such a period, when there are fewer than 2 rows, or when rows are not
+    compared (their elements are read as unsigned integers of their width: none wider than
+    8 bytes, no complex or object rows)."""
+    if len(rows) < 2 or rows.dtype.kind not in "fiu" or rows.itemsize > 8:
         return len(rows)
     bits = np.ascontiguousarray(rows).view(f"u{rows.itemsize}")
     t = np.ascontiguousarray(temperature, dtype=np.float64).view(np.uint64)
@@ -62,7 +63,7 @@ class RepeatingRows:
             raise IndexError(f"RepeatingRows: rows are chosen by integer index arrays, not {rows.dtype}")
         if rows.size and (rows.min() < 0 or rows.max() >= self.length):
             raise IndexError(f"RepeatingRows: row index out of range [0, {self.length}) (min {rows.min()}, max {rows.max()})")
-        return self.rows[(rows % len(self.rows) if rows.size else rows, *rest)]
+        return self.rows[(rows % len(self.rows), *rest)]
 
 
 def _softmax(logits: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -217,6 +217,6 @@ def _per_period(probs_of, logits, temperature):
     if logits is None:
         return probs_of(None, temperature)
     logits = np.asarray(logits)
-    period = repeat_period(logits, temperature) if len(logits) > 1 else len(logits)
+    period = repeat_period(logits, temperature)
     probs = probs_of(logits[:period], temperature[:period])
     return None if probs is None else RepeatingRows(probs, len(logits))

@@ -206,6 +206,11 @@ def test_repeating_rows_index_like_the_rows_they_stand_for():
             rows[bad]
 
 
+def test_fewer_than_two_rows_have_no_period():
+    for n in (0, 1):
+        assert repeat_period(np.zeros((n, 3)), np.ones(n)) == n
+
+
 def test_rows_wider_than_8_bytes_have_no_period():
     rows = np.tile(np.arange(6.0).reshape(2, 3), (3, 1))
     assert repeat_period(rows, np.ones(6)) == 2
