@@ -112,17 +112,28 @@ def inputs(b, k, v, seed=0):
     }
 
 
-# The fused path's launch constants: how its work is spread over programs. None changes the
-# tokens (each one's docstring in harness/backends/triton_fused.py says why), so one GPU can
-# be tuned apart from another by timing alone.
-TUNABLE = ("_STATS_PROGRAMS", "_STATS_MAX_SPLITS", "_MASS_PROGRAMS", "_MASS_MAX_TILES", "_PICK_IN_MASS_MAX_BLOCKS")
+# The fused path's launch constants: how its work is spread over programs, and the statistics
+# kernel's register cap (how many of its programs an SM holds). None changes the tokens (each
+# one's docstring or comment in harness/backends/triton_fused.py says why), so one GPU can be
+# tuned apart from another by timing alone.
+TUNABLE = (
+    "_STATS_PROGRAMS",
+    "_STATS_MAX_SPLITS",
+    "_MASS_PROGRAMS",
+    "_MASS_MAX_TILES",
+    "_PICK_IN_MASS_MAX_BLOCKS",
+    "_STATS_MAX_REGISTERS",
+)
+# Allowed values, where not [1, inf): 0 picks in a kernel of its own at every batch size; a cap
+# below 32 registers cannot hold a 4096-id tile's 32 floats a thread, and ptxas takes at most 255.
+_RANGES = {"_PICK_IN_MASS_MAX_BLOCKS": (0, None), "_STATS_MAX_REGISTERS": (32, 255)}
 
 
 def set_constants(spec: str) -> dict:
     """Set ``TUNABLE`` constants from "NAME=N,NAME=N" (names with or without the leading
     underscore) before the first call; returns what was set. Raises ValueError on a name
-    not in ``TUNABLE`` or a value that is not an integer >= 1 (>= 0 for
-    ``_PICK_IN_MASS_MAX_BLOCKS``), before setting any."""
+    not in ``TUNABLE`` or a value that is not an integer in its range (``_RANGES``, else
+    >= 1), before setting any."""
     from harness.backends import triton_fused
 
     wanted = {}
@@ -131,9 +142,10 @@ def set_constants(spec: str) -> dict:
         name = "_" + name.strip().lstrip("_")
         if not sep or name not in TUNABLE:
             raise ValueError(f"set_constants: {item!r} is not NAME=N with NAME one of {', '.join(TUNABLE)}")
-        least = 0 if name == "_PICK_IN_MASS_MAX_BLOCKS" else 1  # 0: a pick kernel at every batch size
-        if not value.strip().isdigit() or int(value) < least:
-            raise ValueError(f"set_constants: {item!r}: the value must be an integer >= {least}")
+        least, most = _RANGES.get(name, (1, None))
+        if not value.strip().isdigit() or int(value) < least or (most is not None and int(value) > most):
+            bounds = f">= {least}" if most is None else f"in [{least}, {most}]"
+            raise ValueError(f"set_constants: {item!r}: the value must be an integer {bounds}")
         wanted[name] = int(value)
     for name, value in wanted.items():
         setattr(triton_fused, name, value)

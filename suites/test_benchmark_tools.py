@@ -2,7 +2,9 @@
 line (``bench_kernels.set_constants``) and the call cut after its first kernels
 (``ab_fused.cut_after``). Both time variants of the sampler on a GPU without a second copy of
 its code, so both must do what they say; checked here under the interpreter. That the
-constants leave the tokens as they were: ``suites/test_triton.py``."""
+constants leave the tokens as they were: ``suites/test_triton.py``. Also the streaming floor's
+kernels (``benchmarks/stream_floor.py``): each computes what it claims, so its times bound
+the sampler's."""
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the Triton backend needs torch")
 pytest.importorskip("triton", reason="the Triton backend needs triton")
 
-from benchmarks import ab_fused, bench_kernels  # noqa: E402
+from benchmarks import ab_fused, bench_kernels, stream_floor  # noqa: E402
 from harness.backends import triton_fused as tf  # noqa: E402
 from suites.test_triton import _any_requests, _batch, _sample  # noqa: E402
 
@@ -24,7 +26,16 @@ def restored(monkeypatch):
 
 @pytest.mark.parametrize(
     "spec",
-    ["FOO=1", "_STATS_PROGRAMS", "STATS_PROGRAMS=0", "STATS_PROGRAMS=x", "MASS_MAX_TILES=-2", "STATS_PROGRAMS=64,BAR=2"],
+    [
+        "FOO=1",
+        "_STATS_PROGRAMS",
+        "STATS_PROGRAMS=0",
+        "STATS_PROGRAMS=x",
+        "MASS_MAX_TILES=-2",
+        "STATS_PROGRAMS=64,BAR=2",
+        "STATS_MAX_REGISTERS=31",
+        "STATS_PROGRAMS=64,STATS_MAX_REGISTERS=256",
+    ],
 )
 def test_set_constants_rejects_bad_input_before_setting_any(spec, restored):
     before = {name: getattr(tf, name) for name in bench_kernels.TUNABLE}
@@ -34,8 +45,9 @@ def test_set_constants_rejects_bad_input_before_setting_any(spec, restored):
 
 
 def test_set_constants_sets_the_fused_module(restored):
-    wanted = {"_STATS_PROGRAMS": 1, "_MASS_PROGRAMS": 1, "_MASS_MAX_TILES": 8, "_PICK_IN_MASS_MAX_BLOCKS": 0}
-    assert bench_kernels.set_constants("STATS_PROGRAMS=1, _MASS_PROGRAMS=1,MASS_MAX_TILES=8, PICK_IN_MASS_MAX_BLOCKS=0") == wanted
+    wanted = {"_STATS_PROGRAMS": 1, "_MASS_PROGRAMS": 1, "_MASS_MAX_TILES": 8, "_PICK_IN_MASS_MAX_BLOCKS": 0, "_STATS_MAX_REGISTERS": 255}
+    spec = "STATS_PROGRAMS=1, _MASS_PROGRAMS=1,MASS_MAX_TILES=8, PICK_IN_MASS_MAX_BLOCKS=0,STATS_MAX_REGISTERS=255"
+    assert bench_kernels.set_constants(spec) == wanted
     assert {name: getattr(tf, name) for name in wanted} == wanted
 
 
@@ -48,3 +60,61 @@ def test_cut_after_launches_the_first_kernels_only(n, restored):
     _sample(batch, path="fused")
     kernels = ["_fused_stats_kernel", "_fused_chain_kernel", "_fused_candidate_kernel", "_fused_mass_kernel"]
     assert ab_fused.LAUNCHED == kernels[:n]
+
+
+def _floor_inputs(b, k, v, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"target": torch.randn(b * (k + 1), v, generator=g), "draft": torch.randn(b, k, v, generator=g).to(torch.bfloat16)}
+
+
+@pytest.mark.parametrize("with_sum", [False, True])
+def test_split_floor_gives_each_splits_max_and_sum(with_sum):
+    b, k, v = 3, 2, 2 * stream_floor.SPLIT + 100  # a last split cut short
+    x = _floor_inputs(b, k, v)
+    target, draft = stream_floor._rows(x, b, k, v)
+    want = stream_floor.lane_major(target, draft, b * k, v)
+    stream_floor.check("split", stream_floor.split_floor(x, b, k, v, with_sum)(), want, with_sum)
+    with pytest.raises(AssertionError, match="split"):  # the check can fail: another row's splits
+        stream_floor.check("split", stream_floor.split_floor(_floor_inputs(b, k, v, 1), b, k, v, with_sum)(), want, with_sum)
+
+
+def test_two_phase_floor_reads_the_accepting_requests_bonus_rows():
+    b, k, v = 7, 1, 3 * stream_floor.TILE + 5
+    x = _floor_inputs(b, k, v)
+    call, rows = stream_floor.two_phase(x, b, k, v, "cpu")
+    assert rows.tolist() == sorted(rows.tolist()) and len(rows) == round(stream_floor.ACCEPT_SHARE * b)
+    assert all(row % (k + 1) == k for row in rows.tolist())  # bonus rows only
+    stream_floor.check("bonus", call(), stream_floor.expected_splits(x["target"][rows], v, stream_floor.TILE))
+
+
+def test_tma_floor_gives_the_split_floors_values_and_refuses_a_cut_split():
+    b, k, v = 3, 2, 2 * stream_floor.SPLIT
+    x = _floor_inputs(b, k, v)
+    target, draft = stream_floor._rows(x, b, k, v)
+    split = [stream_floor.expected_splits(rows, v, stream_floor.SPLIT) for rows in (target, draft)]
+    want = tuple(torch.cat(p) for p in zip(*split))
+    stream_floor.check("tma", stream_floor.tma_floor(x, b, k, v, stages=3, programs=4)(), want)
+    assert stream_floor.tma_floor(_floor_inputs(b, k, v + 256), b, k, v + 256, stages=3, programs=4) is None
+
+
+@pytest.mark.parametrize("argv", [["--shapes", "256,1"], ["--stages", "0"], ["--reps", "0"], ["--shapes", "a,b,c"]])
+def test_stream_floor_refuses_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        stream_floor.main(argv)
+    assert e.value.code == 2 and "--shapes is B,K,V" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_split_floor_reads_the_rows_cu_names_when_loaded_or_guessed(rows):
+    b, k, v = 3, 2, stream_floor.SPLIT + 7
+    x = _floor_inputs(b, k, v)
+    x["target"], x["draft"] = torch.cat([x["target"], x["target"][:2]]), torch.cat([x["draft"].reshape(b * k, v), x["draft"][0]])
+    x["cu"] = torch.tensor([0, 3, 5, 7])  # request 0 has 3 drafts: the others' rows are not at r K
+    x["temperature"] = torch.ones(b)
+    lanes = [(r, j) for r in range(b) for j in range(k)]
+    target = torch.stack([x["target"][x["cu"][r] + r + j] for r, j in lanes])
+    draft = torch.stack([x["draft"][x["cu"][r] + j] for r, j in lanes])
+    want = stream_floor.lane_major(target, draft, b * k, v)
+    stream_floor.check("rows", stream_floor.split_floor(x, b, k, v, True, rows)(), want)
+    with pytest.raises(AssertionError, match="rows"):  # rows taken as r K: other rows
+        stream_floor.check("rows", stream_floor.split_floor(x, b, k, v, True, 0)(), want)

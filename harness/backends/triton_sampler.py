@@ -186,7 +186,7 @@ def _grouped_stats_step(
     [row, group], and that max and the tile's sum into ``g_tile`` [row, tile, 2]
     (``_residual_candidates`` reads them). The tile's sum adds its group sums, another order
     than ``_stats_step``'s. Storing a [rows, groups] tensor per tile makes Triton 3.6's ptxas
-    give the kernel 96 registers where 64 suffice: the fused path caps it
+    give the kernel 96 registers where 48 suffice: the fused path caps it
     (``_STATS_MAX_REGISTERS``)."""
     g = start // GROUP + tl.arange(0, BLOCK_V // GROUP)[None, :]
     cols = start + tl.arange(0, BLOCK_V)[None, :]
