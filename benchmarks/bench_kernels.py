@@ -124,8 +124,8 @@ TUNABLE = (
     "_PICK_IN_MASS_MAX_BLOCKS",
     "_STATS_MAX_REGISTERS",
 )
-# Allowed values, where not [1, inf): 0 picks in a kernel of its own at every batch size; a cap
-# below 32 registers cannot hold a 4096-id tile's 32 floats a thread, and ptxas takes at most 255.
+# Allowed values, where not [1, inf): 0 picks in a kernel of its own at every batch size; register
+# caps from 32 (a sanity bound: the statistics kernel already spills at 40) to 255 (ptxas's most).
 _RANGES = {"_PICK_IN_MASS_MAX_BLOCKS": (0, None), "_STATS_MAX_REGISTERS": (32, 255)}
 
 

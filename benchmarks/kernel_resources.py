@@ -10,7 +10,9 @@ The GPU machines run Triton 3.6: put its wheel, unpacked, first on ``PYTHONPATH`
 counts (``pip download --no-deps triton==3.6.0``). Session 21 found them equal to the H100's
 for the statistics kernel (64, and 96 with a per-tile store) and a candidate kernel (124), but
 not for the mass and pick kernels (138 and 220 here, 56 and 96 there): compare variants of a
-kernel, and confirm on the GPU (``benchmarks/RESULTS.md``). Run without ``TRITON_INTERPRET``.
+kernel, and confirm on the GPU (``benchmarks/RESULTS.md``). A kernel the launch caps
+(``maxnreg``) is compiled with that cap: the statistics kernel in 48, as on an H200 (session 39).
+Run without ``TRITON_INTERPRET``.
 """
 
 import argparse
@@ -52,7 +54,7 @@ def main() -> int:
     for shape in args.shapes.split(";"):
         b, k, v = (int(n) for n in shape.split(","))
         for fn, launch_args, options in cuda_launches(b, k, v, True):
-            usage = resources(compile_sm90(fn, launch_args, options.get("num_warps", 4)))
+            usage = resources(compile_sm90(fn, launch_args, options.get("num_warps", 4), options.get("maxnreg")))
             print(f"B={b} K={k} V={v} {fn.__name__}: " + " ".join(f"{key} {value}" for key, value in usage.items()), flush=True)
     return 0
 

@@ -1,5 +1,5 @@
-"""The streaming floor under the fused path (issue 3): how fast can any Triton kernel read the
-bytes the sampler must read, doing the least work with them, timed as the sampler is?
+"""A streaming floor under the fused path (issue 3): how fast do a few minimal Triton kernels
+read the bytes the sampler must read, doing the least work with them, timed as the sampler is?
 
 At B = 256, K = 1, V = 131072 the fused path reads 201 MB before its chain (target row 0 fp32,
 draft row bf16, for each request) and then the bonus rows of the requests that accept. On an
@@ -9,7 +9,7 @@ rows and keep only what a statistics or mass kernel cannot do without, in the sa
 flush (the rows of requests with K drafts each):
 
 * ``max``: one program per (row, 4096-id split), the fused statistics kernel's grid and
-  request-major order, storing each split's max: the least a first-phase kernel can do.
+  request-major order, storing each split's max: about the least a first-phase kernel does.
 * ``softmax``: the same storing the split's max and sum of exp2((a - max) * log2 e);
   ``softmax-rows-loaded`` / ``-guessed`` find each row from the batch's ``cu`` as the
   sampler does (``_lane_tile``).
@@ -150,16 +150,20 @@ def split_floor(x, b, k, v, with_sum: bool, rows: int = 0):
     """``max`` / ``softmax`` (``rows``: ``_lane_tile``'s ``ROWS``): returns a call and what it
     writes (max, sum per split). ``x["cu"]`` and ``x["temperature"]`` as the sampler gets them,
     ``x["cu"]`` uniform by default."""
-    t_n, d_n = triton.cdiv(v, SPLIT), triton.cdiv(v, SPLIT)
-    n = b * k * (t_n + d_n)
+    if rows not in (0, 1, 2):
+        raise ValueError(f"split_floor: rows must be 0, 1 or 2 (_lane_tile's ROWS), got {rows!r}")
+    nsplit = triton.cdiv(v, SPLIT)
+    n = b * k * 2 * nsplit
     dev = x["target"].device
+    draft = x["draft"].reshape(-1, v)
     out_m, out_s = (torch.empty(n, dtype=torch.float32, device=dev) for _ in range(2))
     cu = x.get("cu", torch.arange(0, b * k + 1, k, device=dev))
     temperature = x.get("temperature", torch.ones(b, device=dev)).double()
 
     def call():
         _split_floor_kernel[(n,)](
-            x["target"], x["target"].stride(0), x["draft"], v, v, k, cu, temperature, out_m, out_s, t_n, d_n, SPLIT, with_sum, rows,
+            x["target"], x["target"].stride(0), draft, draft.stride(0), v, k, cu, temperature, out_m, out_s, nsplit, nsplit, SPLIT,
+            with_sum, rows,
             num_warps=4,
         )  # fmt: skip
         return out_m, out_s
@@ -193,9 +197,10 @@ def bonus_rows(b, k, share=ACCEPT_SHARE, seed=0):
     return accepted * (k + 1) + k
 
 
-def two_phase(x, b, k, v, device):
+def two_phase(x, b, k, v):
     """``two-phase``: ``softmax``, then the listed bonus rows' tiles."""
     first = split_floor(x, b, k, v, True)
+    device = x["target"].device
     rows = bonus_rows(b, k).to(device)
     n_tiles = triton.cdiv(v, TILE)
     out_m, out_s = (torch.empty(rows.numel() * n_tiles, dtype=torch.float32, device=device) for _ in range(2))
@@ -209,19 +214,22 @@ def two_phase(x, b, k, v, device):
     return call, rows
 
 
-def expected_splits(rows, v, width):
-    """Per row, per ``width``-id split: max and sum of exp((a - max)), float64, from PyTorch."""
+def expected_splits(rows, v, width, temperature=None):
+    """Per row, per ``width``-id split: max and sum of exp((a - max) / T) (T: ``temperature``
+    per row, default 1), float64, from PyTorch."""
     pad = triton.cdiv(v, width) * width - v
     a = torch.nn.functional.pad(rows.double(), (0, pad), value=float("-inf")).reshape(rows.shape[0], -1, width)
     m = a.amax(dim=2)
-    return m.reshape(-1), torch.exp(a - m[..., None]).sum(dim=2).reshape(-1)
+    t = torch.ones(rows.shape[0], dtype=torch.float64) if temperature is None else temperature.double().cpu()
+    return m.reshape(-1), torch.exp((a - m[..., None]) / t.to(a.device)[:, None, None]).sum(dim=2).reshape(-1)
 
 
-def lane_major(target, draft, lanes, v):
-    """``expected_splits`` in ``_split_floor_kernel``'s order: each lane's target splits, then its draft splits."""
+def lane_major(target, draft, lanes, v, temperature=None):
+    """``expected_splits`` in ``_split_floor_kernel``'s order: each lane's target splits, then
+    its draft splits (``temperature`` per lane)."""
     return tuple(
         torch.cat([t.reshape(lanes, -1), d.reshape(lanes, -1)], 1).reshape(-1)
-        for t, d in zip(expected_splits(target, v, SPLIT), expected_splits(draft, v, SPLIT))
+        for t, d in zip(expected_splits(target, v, SPLIT, temperature), expected_splits(draft, v, SPLIT, temperature))
     )
 
 
@@ -240,18 +248,18 @@ def _checked(name, call, want, with_sum=True):
 
 
 def _checked_two_phase(x, b, k, v, want_lanes):
-    call, rows = two_phase(x, b, k, v, x["target"].device)
+    call, rows = two_phase(x, b, k, v)
     call()
     _checked("two-phase, first", call.first, want_lanes)
     check("two-phase, bonus", call(), expected_splits(x["target"][rows], v, TILE))
     return call
 
 
-def _timed(call, flushes, reps):
+def _times(replay, reps):
+    """us per replay, ``reps`` timings under each of ``bench_kernels.FLUSHES``."""
     from benchmarks import bench_kernels as bk
 
-    replay = bk.graphed(call)
-    return {flush: [round(bk.time_ms(replay, flush) * 1e3, 2) for _ in range(reps)] for flush in flushes}
+    return {flush: [round(bk.time_ms(replay, flush) * 1e3, 2) for _ in range(reps)] for flush in bk.FLUSHES}
 
 
 def _sampler(x, b, k, v, cut: int, setting: str):
@@ -280,12 +288,14 @@ def _floor_variants(x, b, k, v, stages, sm):
     builders = [
         ("max", lambda: _checked("max", split_floor(x, b, k, v, False), want_lanes, False)),
         ("softmax", lambda: _checked("softmax", split_floor(x, b, k, v, True), want_lanes)),
-        ("softmax-rows-loaded", lambda: _checked("softmax", split_floor(x, b, k, v, True, 1), want_lanes)),
-        ("softmax-rows-guessed", lambda: _checked("softmax", split_floor(x, b, k, v, True, 2), want_lanes)),
+        ("softmax-rows-loaded", lambda: _checked("softmax-rows-loaded", split_floor(x, b, k, v, True, 1), want_lanes)),
+        ("softmax-rows-guessed", lambda: _checked("softmax-rows-guessed", split_floor(x, b, k, v, True, 2), want_lanes)),
         ("torch-amax", lambda: lambda: (target.amax(dim=1), draft.amax(dim=1))),
         ("two-phase", lambda: _checked_two_phase(x, b, k, v, want_lanes)),
     ]
-    if v % SPLIT == 0:
+    if v % SPLIT:
+        builders.append(("tma", lambda: f"skipped: V = {v} is not a multiple of {SPLIT} (a box would run into the next row)"))
+    else:
         for n in stages:
             for per_sm in (2, 4):
                 builders.append(
@@ -315,11 +325,11 @@ def measure(b, k, v, stages, reps, sm, copy):
     for turn in range(2):
         for name, (call, nbytes) in variants.items():
             row = {"B": b, "K": k, "V": v, "variant": name, "turn": turn, "bytes": nbytes}
-            if isinstance(call, str):
-                row["error"] = call
+            if isinstance(call, str):  # skipped, or failed to build or to check
+                row["skipped" if call.startswith("skipped") else "error"] = call
             else:
                 try:
-                    row["us"] = _timed(call, bk.FLUSHES, reps)
+                    row["us"] = _times(bk.graphed(call), reps)
                     row["tb_s"] = {f: nbytes / (min(t) * 1e-6) / 1e12 for f, t in row["us"].items()}
                 except Exception as e:  # noqa: BLE001
                     row["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -327,7 +337,7 @@ def measure(b, k, v, stages, reps, sm, copy):
             print(json.dumps(row), flush=True)
         for name, cut, setting in SAMPLER_VARIANTS:
             replay, _alive = _sampler(x, b, k, v, cut, setting)
-            us = {f: [round(bk.time_ms(replay, f) * 1e3, 2) for _ in range(reps)] for f in bk.FLUSHES}
+            us = _times(replay, reps)
             row = {"B": b, "K": k, "V": v, "variant": name, "turn": turn, "us": us}
             row["share_of_copy_whole_inputs"] = {f: whole / (min(t) * 1e-6) / copy for f, t in us.items()}
             rows.append(row)
@@ -343,6 +353,18 @@ SAMPLER_VARIANTS = (
 )
 
 
+def _numbers(text: str, sep: str, width: int):
+    """``text``'s ``sep``-separated groups of ``width`` comma-separated integers >= 1 (one
+    integer each at width 1), or None where it is not that."""
+    try:
+        groups = [tuple(int(n) for n in part.split(",")) for part in text.split(sep)]
+    except ValueError:
+        return None
+    if any(len(g) != width or min(g) < 1 for g in groups):
+        return None
+    return [g[0] for g in groups] if width == 1 else groups
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="256,1,131072;256,1,152064", help='"B,K,V;..." (default: %(default)s)')
@@ -350,13 +372,13 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=2, help="timings per variant and flush (default: %(default)s)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    try:
-        shapes = [tuple(int(n) for n in s.split(",")) for s in args.shapes.split(";")]
-        stages = [int(s) for s in args.stages.split(",")]
-        if any(len(s) != 3 or min(s) < 1 for s in shapes) or min(stages) < 1 or args.reps < 1:
-            raise ValueError
-    except ValueError:
-        p.error("--shapes is B,K,V;... and --stages N,... with every number >= 1, --reps >= 1")
+    shapes, stages = _numbers(args.shapes, ";", 3), _numbers(args.stages, ",", 1)
+    if shapes is None:
+        p.error(f"--shapes: expected B,K,V;... with every number >= 1, got {args.shapes!r}")
+    if stages is None:
+        p.error(f"--stages: expected N,... with every number >= 1, got {args.stages!r}")
+    if args.reps < 1:
+        p.error(f"--reps: expected a number >= 1, got {args.reps}")
     if not torch.cuda.is_available():
         p.error("needs a CUDA device (the kernels' outputs are checked on CPU by suites/test_benchmark_tools.py)")
     from benchmarks import bench_kernels as bk

@@ -3,8 +3,8 @@ line (``bench_kernels.set_constants``) and the call cut after its first kernels
 (``ab_fused.cut_after``). Both time variants of the sampler on a GPU without a second copy of
 its code, so both must do what they say; checked here under the interpreter. That the
 constants leave the tokens as they were: ``suites/test_triton.py``. Also the streaming floor's
-kernels (``benchmarks/stream_floor.py``): each computes what it claims, so its times bound
-the sampler's."""
+kernels (``benchmarks/stream_floor.py``): each computes what it claims, so its times say what
+the least work over the sampler's bytes takes."""
 
 import numpy as np
 import pytest
@@ -81,7 +81,7 @@ def test_split_floor_gives_each_splits_max_and_sum(with_sum):
 def test_two_phase_floor_reads_the_accepting_requests_bonus_rows():
     b, k, v = 7, 1, 3 * stream_floor.TILE + 5
     x = _floor_inputs(b, k, v)
-    call, rows = stream_floor.two_phase(x, b, k, v, "cpu")
+    call, rows = stream_floor.two_phase(x, b, k, v)
     assert rows.tolist() == sorted(rows.tolist()) and len(rows) == round(stream_floor.ACCEPT_SHARE * b)
     assert all(row % (k + 1) == k for row in rows.tolist())  # bonus rows only
     stream_floor.check("bonus", call(), stream_floor.expected_splits(x["target"][rows], v, stream_floor.TILE))
@@ -97,11 +97,26 @@ def test_tma_floor_gives_the_split_floors_values_and_refuses_a_cut_split():
     assert stream_floor.tma_floor(_floor_inputs(b, k, v + 256), b, k, v + 256, stages=3, programs=4) is None
 
 
-@pytest.mark.parametrize("argv", [["--shapes", "256,1"], ["--stages", "0"], ["--reps", "0"], ["--shapes", "a,b,c"]])
-def test_stream_floor_refuses_bad_arguments(argv, capsys):
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--shapes", "256,1"], "--shapes"),
+        (["--shapes", "a,b,c"], "--shapes"),
+        (["--shapes", "256,0,131072"], "--shapes"),
+        (["--stages", "0"], "--stages"),
+        (["--stages", "3,x"], "--stages"),
+        (["--reps", "0"], "--reps"),
+    ],
+)
+def test_stream_floor_refuses_bad_arguments_by_name(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         stream_floor.main(argv)
-    assert e.value.code == 2 and "--shapes is B,K,V" in capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {message}:" in capsys.readouterr().err
+
+
+def test_split_floor_refuses_an_unknown_row_mode():
+    with pytest.raises(ValueError, match="rows must be 0, 1 or 2"):
+        stream_floor.split_floor(_floor_inputs(1, 1, 8), 1, 1, 8, True, 3)
 
 
 @pytest.mark.parametrize("rows", [1, 2])
@@ -110,11 +125,13 @@ def test_split_floor_reads_the_rows_cu_names_when_loaded_or_guessed(rows):
     x = _floor_inputs(b, k, v)
     x["target"], x["draft"] = torch.cat([x["target"], x["target"][:2]]), torch.cat([x["draft"].reshape(b * k, v), x["draft"][0]])
     x["cu"] = torch.tensor([0, 3, 5, 7])  # request 0 has 3 drafts: the others' rows are not at r K
-    x["temperature"] = torch.ones(b)
+    x["temperature"] = torch.tensor([0.5, 1.0, 2.0])  # the modes that load it scale by 1 / T
     lanes = [(r, j) for r in range(b) for j in range(k)]
     target = torch.stack([x["target"][x["cu"][r] + r + j] for r, j in lanes])
     draft = torch.stack([x["draft"][x["cu"][r] + j] for r, j in lanes])
-    want = stream_floor.lane_major(target, draft, b * k, v)
+    want = stream_floor.lane_major(target, draft, b * k, v, x["temperature"].repeat_interleave(k))
     stream_floor.check("rows", stream_floor.split_floor(x, b, k, v, True, rows)(), want)
-    with pytest.raises(AssertionError, match="rows"):  # rows taken as r K: other rows
+    with pytest.raises(AssertionError, match="rows"):  # rows taken as r K, T = 1: other rows and sums
         stream_floor.check("rows", stream_floor.split_floor(x, b, k, v, True, 0)(), want)
+    with pytest.raises(AssertionError, match="sums"):  # the right rows, scaled as if T = 1
+        stream_floor.check("rows", stream_floor.split_floor(x, b, k, v, True, rows)(), stream_floor.lane_major(target, draft, b * k, v))

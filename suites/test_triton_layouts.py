@@ -52,10 +52,11 @@ def _ttgir_sm90(fn, args, num_warps: int) -> str:
     return compile_sm90(fn, args, num_warps).asm["ttgir"]
 
 
-def compile_sm90(fn, args, num_warps: int):
+def compile_sm90(fn, args, num_warps: int, maxnreg: int | None = None):
     """``fn`` compiled for sm_90 as the JIT specializes ``args``: constexprs, None and ints
     equal to 1 as constants; tensors 16-byte aligned (CUDA allocations are); ints that are
-    multiples of 16 marked so, unless the parameter is ``do_not_specialize``."""
+    multiples of 16 marked so, unless the parameter is ``do_not_specialize``; registers capped
+    at ``maxnreg`` where given, as the launch asks."""
     signature, constants, attrs = {}, {}, {}
     for i, (param, a) in enumerate(zip(fn.params, args, strict=True)):
         specialized = not param.do_not_specialize
@@ -71,7 +72,8 @@ def compile_sm90(fn, args, num_warps: int):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[param.name] = "fp32"
-    return triton.compile(ASTSource(fn, signature, constants, attrs), target=_SM90, options={"num_warps": num_warps})
+    options = {"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    return triton.compile(ASTSource(fn, signature, constants, attrs), target=_SM90, options=options)
 
 
 def _wide_layout_changes(ttgir: str) -> list[str]:

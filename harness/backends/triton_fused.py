@@ -723,10 +723,11 @@ _STATS_MAX_WIDTH = 4096  # widest statistics tile on CUDA (ids; 32 fp32 per thre
 _STATS_PROGRAMS = 8192  # statistics programs a call spreads its splits over, at most about (measured, H100)
 _STATS_MAX_SPLITS = 4  # most splits one statistics program reads
 # Storing the group sums made ptxas (Triton 3.6) give the statistics kernel 96 registers where
-# 48 suffice with no spill (compiled for sm_90 offline, benchmarks/kernel_resources.py; 40 spill).
-# At 48 an SM holds 10 of its programs, not 8 as at 64: on an H200 2.9-3.4 us less at B = 256,
-# K = 1, V = 131072, up to 1.6 us less at the other shapes timed, B = 1 within 0.1 us
-# (benchmarks/RESULTS.md, issue 3, session 39).
+# 48 suffice with no spill (benchmarks/kernel_resources.py, and on an H200; 40 spill). At 48 an
+# SM holds 10 of its programs, not 8 as at 64: on an H200 2.9-3.4 us less at B = 256, K = 1,
+# V = 131072, up to 1.5 us less at the other shapes timed, B = 1 within its spread
+# (benchmarks/RESULTS.md, issue 3, session 39; not yet measured on an H100). The cap changes only
+# ptxas's register allocation, not the arithmetic or its order: the tokens are the same.
 _STATS_MAX_REGISTERS = 48
 # Up to this many request blocks, the last mass program of each block picks its tokens (no
 # fourth launch; up to 0.9 us less at B = 1 on an H100). Above, the pick's registers cost the
