@@ -94,19 +94,19 @@ def _lane_tile(
 @triton.jit
 def _split_floor_kernel(
     t_logits, t_stride, d_logits, d_stride, V, K, cu, temperature, out_m, out_s,
-    T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, WIDTH: tl.constexpr, SUM: tl.constexpr, ROWS: tl.constexpr,
+    NSPLIT: tl.constexpr, WIDTH: tl.constexpr, SUM: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """One (request, step) lane's target splits, then its draft splits, one program each:
     target row cu[r] + r + k, draft row cu[r] + k (``_lane_tile``)."""
     pid = tl.program_id(0)
-    lane = pid // (T_NSPLIT + D_NSPLIT)
-    run = pid % (T_NSPLIT + D_NSPLIT)
+    lane = pid // (2 * NSPLIT)
+    run = pid % (2 * NSPLIT)
     r = lane // K
     k = lane % K
-    if run < T_NSPLIT:  # no name bound in both branches: the pointers' types differ
+    if run < NSPLIT:  # no name bound in both branches: the pointers' types differ
         _lane_tile(t_logits, t_stride, r + k, cu, temperature, r, K, run * WIDTH, V, out_m, out_s, pid, WIDTH, SUM, ROWS)
     else:
-        _lane_tile(d_logits, d_stride, k, cu, temperature, r, K, (run - T_NSPLIT) * WIDTH, V, out_m, out_s, pid, WIDTH, SUM, ROWS)
+        _lane_tile(d_logits, d_stride, k, cu, temperature, r, K, (run - NSPLIT) * WIDTH, V, out_m, out_s, pid, WIDTH, SUM, ROWS)
 
 
 @triton.jit
@@ -162,7 +162,7 @@ def split_floor(x, b, k, v, with_sum: bool, rows: int = 0):
 
     def call():
         _split_floor_kernel[(n,)](
-            x["target"], x["target"].stride(0), draft, draft.stride(0), v, k, cu, temperature, out_m, out_s, nsplit, nsplit, SPLIT,
+            x["target"], x["target"].stride(0), draft, draft.stride(0), v, k, cu, temperature, out_m, out_s, nsplit, SPLIT,
             with_sum, rows,
             num_warps=4,
         )  # fmt: skip
@@ -224,13 +224,20 @@ def expected_splits(rows, v, width, temperature=None):
     return m.reshape(-1), torch.exp((a - m[..., None]) / t.to(a.device)[:, None, None]).sum(dim=2).reshape(-1)
 
 
-def lane_major(target, draft, lanes, v, temperature=None):
-    """``expected_splits`` in ``_split_floor_kernel``'s order: each lane's target splits, then
-    its draft splits (``temperature`` per lane)."""
-    return tuple(
-        torch.cat([t.reshape(lanes, -1), d.reshape(lanes, -1)], 1).reshape(-1)
-        for t, d in zip(expected_splits(target, v, SPLIT, temperature), expected_splits(draft, v, SPLIT, temperature))
-    )
+def expected_rows(target, draft, v, temperature=None):
+    """``expected_splits`` of the target and the draft rows (``temperature`` per row)."""
+    return expected_splits(target, v, SPLIT, temperature), expected_splits(draft, v, SPLIT, temperature)
+
+
+def lane_major(expected, lanes):
+    """``expected_rows``' values in ``_split_floor_kernel``'s order: each lane's target splits,
+    then its draft splits."""
+    return tuple(torch.cat([t.reshape(lanes, -1), d.reshape(lanes, -1)], 1).reshape(-1) for t, d in zip(*expected))
+
+
+def side_major(expected):
+    """``expected_rows``' values in ``_tma_floor_kernel``'s order: every target split, then every draft split."""
+    return tuple(torch.cat(pair) for pair in zip(*expected))
 
 
 def check(name, got, want, with_sum=True):
@@ -249,7 +256,6 @@ def _checked(name, call, want, with_sum=True):
 
 def _checked_two_phase(x, b, k, v, want_lanes):
     call, rows = two_phase(x, b, k, v)
-    call()
     _checked("two-phase, first", call.first, want_lanes)
     check("two-phase, bonus", call(), expected_splits(x["target"][rows], v, TILE))
     return call
@@ -283,8 +289,8 @@ def _floor_variants(x, b, k, v, stages, sm):
     """The floor calls of one shape, each checked against PyTorch: {name: (call or error, bytes read)}."""
     target, draft = _rows(x, b, k, v)
     stats_bytes = target.numel() * 4 + draft.numel() * 2
-    want_lanes = lane_major(target, draft, b * k, v)
-    want = tuple(torch.cat(p) for p in zip(expected_splits(target, v, SPLIT), expected_splits(draft, v, SPLIT)))
+    expected = expected_rows(target, draft, v)
+    want_lanes, want = lane_major(expected, b * k), side_major(expected)
     builders = [
         ("max", lambda: _checked("max", split_floor(x, b, k, v, False), want_lanes, False)),
         ("softmax", lambda: _checked("softmax", split_floor(x, b, k, v, True), want_lanes)),
@@ -312,6 +318,14 @@ def _floor_variants(x, b, k, v, stages, sm):
         except Exception as e:  # noqa: BLE001
             variants[name] = (f"{type(e).__name__}: {e}"[:2000], nbytes)
     return variants
+
+
+SAMPLER_VARIANTS = (
+    ("sampler", 0, ""),
+    ("sampler-stats", 1, ""),
+    ("sampler-4096", 0, "_STATS_PROGRAMS=4096"),
+    ("sampler-stats-4096", 1, "_STATS_PROGRAMS=4096"),
+)
 
 
 def measure(b, k, v, stages, reps, sm, copy):
@@ -343,14 +357,6 @@ def measure(b, k, v, stages, reps, sm, copy):
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
-
-
-SAMPLER_VARIANTS = (
-    ("sampler", 0, ""),
-    ("sampler-stats", 1, ""),
-    ("sampler-4096", 0, "_STATS_PROGRAMS=4096"),
-    ("sampler-stats-4096", 1, "_STATS_PROGRAMS=4096"),
-)
 
 
 def _numbers(text: str, sep: str, width: int):

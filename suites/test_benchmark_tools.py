@@ -72,7 +72,7 @@ def test_split_floor_gives_each_splits_max_and_sum(with_sum):
     b, k, v = 3, 2, 2 * stream_floor.SPLIT + 100  # a last split cut short
     x = _floor_inputs(b, k, v)
     target, draft = stream_floor._rows(x, b, k, v)
-    want = stream_floor.lane_major(target, draft, b * k, v)
+    want = stream_floor.lane_major(stream_floor.expected_rows(target, draft, v), b * k)
     stream_floor.check("split", stream_floor.split_floor(x, b, k, v, with_sum)(), want, with_sum)
     with pytest.raises(AssertionError, match="split"):  # the check can fail: another row's splits
         stream_floor.check("split", stream_floor.split_floor(_floor_inputs(b, k, v, 1), b, k, v, with_sum)(), want, with_sum)
@@ -91,8 +91,7 @@ def test_tma_floor_gives_the_split_floors_values_and_refuses_a_cut_split():
     b, k, v = 3, 2, 2 * stream_floor.SPLIT
     x = _floor_inputs(b, k, v)
     target, draft = stream_floor._rows(x, b, k, v)
-    split = [stream_floor.expected_splits(rows, v, stream_floor.SPLIT) for rows in (target, draft)]
-    want = tuple(torch.cat(p) for p in zip(*split))
+    want = stream_floor.side_major(stream_floor.expected_rows(target, draft, v))
     stream_floor.check("tma", stream_floor.tma_floor(x, b, k, v, stages=3, programs=4)(), want)
     assert stream_floor.tma_floor(_floor_inputs(b, k, v + 256), b, k, v + 256, stages=3, programs=4) is None
 
@@ -129,9 +128,13 @@ def test_split_floor_reads_the_rows_cu_names_when_loaded_or_guessed(rows):
     lanes = [(r, j) for r in range(b) for j in range(k)]
     target = torch.stack([x["target"][x["cu"][r] + r + j] for r, j in lanes])
     draft = torch.stack([x["draft"][x["cu"][r] + j] for r, j in lanes])
-    want = stream_floor.lane_major(target, draft, b * k, v, x["temperature"].repeat_interleave(k))
+    want = stream_floor.lane_major(stream_floor.expected_rows(target, draft, v, x["temperature"].repeat_interleave(k)), b * k)
     stream_floor.check("rows", stream_floor.split_floor(x, b, k, v, True, rows)(), want)
     with pytest.raises(AssertionError, match="rows"):  # rows taken as r K, T = 1: other rows and sums
         stream_floor.check("rows", stream_floor.split_floor(x, b, k, v, True, 0)(), want)
     with pytest.raises(AssertionError, match="sums"):  # the right rows, scaled as if T = 1
-        stream_floor.check("rows", stream_floor.split_floor(x, b, k, v, True, rows)(), stream_floor.lane_major(target, draft, b * k, v))
+        stream_floor.check(
+            "rows",
+            stream_floor.split_floor(x, b, k, v, True, rows)(),
+            stream_floor.lane_major(stream_floor.expected_rows(target, draft, v), b * k),
+        )
