@@ -793,9 +793,10 @@ def test_gpu_large_vocab_mixed_batch():
             assert tokens[r].tolist() == rtok[r].tolist() and emitted[r] == rem[r], f"greedy request {r} differs"
 
 
-def _device_mixed_batch(vocab, b, k, seed, device="cuda"):
-    """Ragged mixed batch built on the device: every method, temperatures 0 / 0.5 / 1, masked and
-    near-target bf16 draft rows, drafts mostly the target's argmax, a placeholder, rates."""
+def _device_mixed_batch(vocab, b, k, seed, device="cuda", chain_only=False):
+    """Ragged mixed batch built on the device: every method (``chain_only``: standard and
+    synthetic only), temperatures 0 / 0.5 / 1, masked and near-target bf16 draft rows, drafts
+    mostly the target's argmax, a placeholder, rates."""
     g = torch.Generator(device).manual_seed(seed)
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, k + 1, b)
@@ -811,7 +812,8 @@ def _device_mixed_batch(vocab, b, k, seed, device="cuda"):
     )
     if d > 1:
         drafts[d // 2] = -1
-    methods = torch.from_numpy(np.resize(np.array([Method.STANDARD, Method.STRICT, Method.BLOCK, Method.SYNTHETIC], np.int8), b)).to(device)
+    kinds = [Method.STANDARD, Method.SYNTHETIC] if chain_only else [Method.STANDARD, Method.STRICT, Method.BLOCK, Method.SYNTHETIC]
+    methods = torch.from_numpy(np.resize(np.array(kinds, np.int8), b)).to(device)
     temps = torch.from_numpy(np.resize([1.0, 0.0, 0.5], b)).to(device)
     seeds = torch.randint(0, 1 << 62, (b,), device=device, generator=g)
     positions = torch.arange(d + b, device=device, dtype=torch.int64) * 7
@@ -819,19 +821,29 @@ def _device_mixed_batch(vocab, b, k, seed, device="cuda"):
     return target, draft, drafts, cu, temps, seeds, positions, methods, rates, k
 
 
+# A batch of chain methods only, verified with no strict or block requests: the flags carry the
+# chain (``triton_fused._flag_chain``) wherever a block holds one request and a pick kernel follows.
+_CHAIN_ONLY = {"has_strict": False, "has_block": False}
+
+
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("vocab,b,k", [(3000, 17, 8), (152064, 3, 4), (131072, 64, 8)])
-def test_gpu_fused_equals_staged(vocab, b, k):
+@pytest.mark.parametrize(
+    "vocab,b,k,chain_only",
+    [(3000, 17, 8, False), (152064, 3, 4, False), (131072, 64, 8, False), (3000, 17, 8, True), (131072, 256, 1, True)],
+)
+def test_gpu_fused_equals_staged(vocab, b, k, chain_only):
     """On CUDA the fused path gives the staged path's tokens and counts, request for request,
-    on ragged mixed batches (every method, greedy rows, masked rows, a placeholder). With
+    on ragged mixed batches (every method, greedy rows, masked rows, a placeholder; or chain
+    methods only, where the flags carry the chain). With
     the staged path's exact-law checks this verifies the fused path's law; the whole ``gpu``
     catalog on the fused path also passed on an H100 (docs/verification-results.md, session
     4) but takes minutes, mostly compiling, so it is not part of ``-m gpu``."""
+    flags = _CHAIN_ONLY if chain_only else {}
     for seed in range(2):
-        args = _device_mixed_batch(vocab, b, k, seed)
-        fused = [t.cpu().numpy() for t in ts.verify(*args, path="fused")]
-        staged = [t.cpu().numpy() for t in ts.verify(*args, path="staged")]
+        args = _device_mixed_batch(vocab, b, k, seed, chain_only=chain_only)
+        fused = [t.cpu().numpy() for t in ts.verify(*args, path="fused", **flags)]
+        staged = [t.cpu().numpy() for t in ts.verify(*args, path="staged", **flags)]
         bad = np.flatnonzero((fused[0] != staged[0]).any(axis=1) | (fused[1] != staged[1]))
         assert bad.size == 0, (
             f"seed {seed}: {bad.size} of {b} requests differ; first {bad[0]}: fused {fused[0][bad[0]]} / {fused[1][bad[0]]}, staged {staged[0][bad[0]]} / {staged[1][bad[0]]}"
@@ -912,9 +924,10 @@ def _late_kernel(late):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("chain_only", [False, True], ids=["mixed", "chain-in-flags"])
 @pytest.mark.parametrize("stale_flags", [False, True], ids=["lowered-flags", "stale-flags"])
 @pytest.mark.parametrize("late", sorted(_LATE))
-def test_gpu_fused_mass_kernel_waits_for_its_blocks_flags(late, stale_flags, monkeypatch):
+def test_gpu_fused_mass_kernel_waits_for_its_blocks_flags(late, stale_flags, chain_only, monkeypatch):
     """With programmatic dependent launch and a pick kernel, the mass kernel starts beside the
     candidate kernel, and each of its programs waits on its request block's flags: the chain
     kernel's, then, after a rejection, the candidate kernel's. Here the chain kernel stores its
@@ -924,13 +937,16 @@ def test_gpu_fused_mass_kernel_waits_for_its_blocks_flags(late, stale_flags, mon
     request's masses. At B = 256, K = 1, V = 131072 (mixed batch): the tokens of the same
     kernels run one after the other (PDL off), no masses for a request whose candidate is kept,
     masses for others. ``stale-flags``: the flags start raised, as an earlier call leaves them
-    in memory the allocator hands out again (the statistics kernel lowers them)."""
+    in memory the allocator hands out again (the statistics kernel lowers them).
+    ``chain-in-flags``: chain methods only, where the flags carry the chain (a stale flag would
+    give n = 0: the rejected draft's row instead of the bonus row)."""
     if not tf._pdl(torch.device("cuda")):
         pytest.skip("this GPU has no programmatic dependent launch (sm_90+ and Triton's launch_pdl): no flags to wait on")
     b = 256
-    args = _device_mixed_batch(131072, b, 1, 0)
+    args = _device_mixed_batch(131072, b, 1, 0, chain_only=chain_only)
+    flags = _CHAIN_ONLY if chain_only else {}
     monkeypatch.setattr(tf, *_late_kernel(late))
-    ts.verify(*args, path="fused")  # compiles: the first call's launches are a compile apart, nothing overlaps
+    ts.verify(*args, path="fused", **flags)  # compiles: the first call's launches are a compile apart, nothing overlaps
     launched = []
     real_launch_each = tf.launch_each
     monkeypatch.setattr(tf, "launch_each", lambda launches, *a: launched.append(a) or real_launch_each(launches, *a))
@@ -940,7 +956,7 @@ def test_gpu_fused_mass_kernel_waits_for_its_blocks_flags(late, stale_flags, mon
 
     def run():
         events[0].record()
-        result.append(ts.verify(*args, path="fused"))
+        result.append(ts.verify(*args, path="fused", **flags))
         events[1].record()
 
     scratch = _fused_scratch(monkeypatch, run, prepare=raise_flags)
@@ -948,13 +964,14 @@ def test_gpu_fused_mass_kernel_waits_for_its_blocks_flags(late, stale_flags, mon
     assert events[0].elapsed_time(events[1]) > 0.5, f"the {late} did not come late: the test checks nothing"
     with monkeypatch.context() as m:
         m.setattr(tf, "_PDL", False)
-        want_tokens, want_emitted = ts.verify(*args, path="fused")
+        want_tokens, want_emitted = ts.verify(*args, path="fused", **flags)
     tokens, emitted = result[0]
     bad = torch.nonzero((tokens != want_tokens).any(dim=1) | (emitted != want_emitted)).flatten().tolist()
     assert not bad, f"{len(bad)} of {b} requests differ from the serial launches; first {bad[0]}"
     arg = dict(zip(tf._fused_chain_kernel.arg_names, launched[0]))  # the kernels after the statistics share it
     k, m_off, m_size, c_off, n_tiles = (arg[name] for name in ("K", "m_off", "m_size", "c_off", "n_tiles"))
     assert arg["scratch"] is scratch and arg["B"] == b
+    assert arg["FLAG_CHAIN"] is chain_only, "the flags do not carry the chain where the test means them to"
     kept = scratch[c_off + (k + 4) * b : c_off + (k + 5) * b] >= 0
     per_request = (k + 1) * n_tiles  # each request's rows of tile masses (``_fused_mass_kernel``)
     masses = [scratch[at : at + b * per_request].view(b, per_request) for at in (m_off, m_off + m_size)]

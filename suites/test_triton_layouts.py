@@ -86,10 +86,10 @@ def _wide_layout_changes(ttgir: str) -> list[str]:
     return changes
 
 
-def cuda_launches(b: int, k: int, vocab: int, with_draft: bool) -> list:
+def cuda_launches(b: int, k: int, vocab: int, with_draft: bool, **flags) -> list:
     """The fused path's launches (kernel, arguments, options) for a batch of ``b`` requests of
     ``k`` drafts each, planned as on an H100 (programmatic dependent launch on), every method
-    present, nothing run."""
+    present unless ``flags`` (``verify_fused``'s ``has_*``) say otherwise, nothing run."""
     launches = []
     on_cuda, launch, launch_each, pdl = tf._on_cuda, tf.launch, tf.launch_each, tf._pdl
     tf._on_cuda = lambda tensor: True
@@ -109,6 +109,7 @@ def cuda_launches(b: int, k: int, vocab: int, with_draft: bool) -> list:
             torch.zeros(b, dtype=torch.int8),
             torch.zeros(b, k, dtype=torch.float64),
             k,
+            **flags,
         )
     finally:
         tf._on_cuda, tf.launch, tf.launch_each, tf._pdl = on_cuda, launch, launch_each, pdl
@@ -180,7 +181,23 @@ def test_programmatic_dependent_launch_spares_the_first_kernel(b):
     assert [fn.__name__ for fn, _, _ in launches][0] == "_fused_stats_kernel"
     assert [options.get("launch_pdl", False) for _, _, options in launches] == [False] + [True] * (len(launches) - 1)
     # Every kernel's PDL flag is on: the statistics kernel's signals its dependents, the others' wait (gdc_wait).
-    assert all(args[-1] is True for _, args, _ in launches)
+    assert all(dict(zip(fn.arg_names, args))["PDL"] is True for fn, args, _ in launches)
+
+
+@pytest.mark.parametrize(
+    "b,vocab,flags,carried",
+    [
+        (256, 131072, {"has_strict": False, "has_block": False}, True),
+        (256, 131072, {"has_block": False}, False),  # strict requests need n_eff from the chain
+        (256, 131072, {"has_strict": False}, False),  # block verification its running ratios
+        (256, 1024, {"has_strict": False, "has_block": False}, False),  # two requests a block
+    ],
+)
+def test_flags_carry_the_chain_only_for_one_chain_request_a_block(b, vocab, flags, carried):
+    """The chain rides on the flags (``_flag_chain``: 1 + rejected + 2 n) only where a block holds
+    one request and no strict or block request needs more of the chain than n."""
+    launches = cuda_launches(b, 1, vocab, True, **flags)
+    assert {dict(zip(fn.arg_names, args))["FLAG_CHAIN"] for fn, args, _ in launches[1:]} == {carried}
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ kernel runs), and each mass program waits only for its request block, on flags (
 ``_await``: release and acquire, gpu scope; the statistics kernel lowers them each call, the
 scratch is not zeroed):
 * the chain kernel's, raised once the block's chain is stored (2 if one of its requests
-  rejected, else 1): a kernel two programmatic launches behind may start before the first has
+  rejected, else 1; with one request per block and no strict or block requests 1 + rejected +
+  2 n, and the candidate kernel's 1 + kept, so that a mass program loads nothing of the chain:
+  ``_flag_chain``): a kernel two programmatic launches behind may start before the first has
   ended (``benchmarks/pdl_overlap.py``; on an H100, session 27, in 8 of 10 tries the third of
   three kernels started 12-25 us before the first ended and read its flag unset);
 * after a rejection, the candidate kernel's: a mass program would otherwise sum the masses of a
@@ -270,6 +272,14 @@ def _await(flag):
     return seen
 
 
+@triton.jit
+def _block_rejected(seen, FLAG_CHAIN: tl.constexpr):
+    """Whether the chain flag's value ``seen`` says one of the block's requests rejected."""
+    if FLAG_CHAIN:  # 1 + rejected + 2 n
+        return (seen - 1) % 2 == 1
+    return seen > 1
+
+
 # Batch sizes and scratch offsets are not specialized on (== 1, divisible by 16): every new batch
 # shape would compile the kernels again (the GPU suite's fuzzing spent minutes compiling).
 _STATS_COUNTS = ["KS", "B", "t_size", "d_off", "d_size", "per", "runs", "k_off"]
@@ -401,7 +411,7 @@ def _fused_chain_kernel(
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
-    GPT: tl.constexpr, PDL: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr,
 ):  # fmt: skip
     """Final statistics of every row of its requests (merged splits), then the chain."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
@@ -427,8 +437,11 @@ def _fused_chain_kernel(
     _store_chain(scratch + c_off, r, valid, n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
     if PICK:
         tl.store(scratch + k_off + tl.program_id(0), 0.0)  # the mass kernel's counter of this block
-    if PDL and not PICK:  # the mass kernel's programs of this block may start: 2 if one of its requests rejected
-        _raise(_flags(scratch, k_off, B) + tl.program_id(0), 1 + tl.max((valid & rejected).to(tl.int32), axis=0))
+    if PDL and not PICK:  # the mass kernel's programs of this block may start: 1 + (one of its requests rejected)
+        value = 1 + tl.max((valid & rejected).to(tl.int32), axis=0)
+        if FLAG_CHAIN:  # + 2 n of its one request: the mass kernel needs no load of the chain
+            value += 2 * tl.sum(tl.where(valid, n, 0), axis=0).to(tl.int32)
+        _raise(_flags(scratch, k_off, B) + tl.program_id(0), value)
 
 
 @triton.jit(do_not_specialize=_COUNTS)
@@ -439,7 +452,7 @@ def _fused_candidate_kernel(
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
-    GPT: tl.constexpr, PDL: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr,
 ):  # fmt: skip
     """A chain method's rejection (``_fused_chain_kernel``'s decision): its replacement from the
     residual by candidates (``_residual_candidates``), if one is kept; ``_load_chain`` reads it.
@@ -480,7 +493,10 @@ def _fused_candidate_kernel(
         tl.store(scratch + c_off + (K + 4) * B + r, kept, mask=need)
         _store_outputs(tokens, emitted, r, x, n, kept, need & (kept >= 0), K, KP)
     if PDL and not PICK:
-        _raise(_flags(scratch, k_off, B) + B + tl.program_id(0), 1)
+        if FLAG_CHAIN:  # 2: its candidate kept
+            _raise(_flags(scratch, k_off, B) + B + tl.program_id(0), 1 + tl.max((need & (kept >= 0)).to(tl.int32), axis=0))
+        else:
+            _raise(_flags(scratch, k_off, B) + B + tl.program_id(0), 1)
 
 
 @triton.jit(do_not_specialize=_COUNTS)
@@ -491,7 +507,7 @@ def _fused_mass_kernel(
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
-    GPT: tl.constexpr, PDL: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr,
 ):  # fmt: skip
     """Every draw's weight sums over this program's span of tiles (``split_len`` ids), after
     the chain ``_fused_chain_kernel`` decided: the final row of chain requests (if not a point
@@ -505,11 +521,19 @@ def _fused_mass_kernel(
             # This block's chain, and its candidates where one of its requests rejected: the
             # other blocks' candidates run meanwhile. Then the pick kernel may start.
             flags = _flags(scratch, k_off, B) + tl.program_id(0)
-            if _await(flags) > 1 and N > 0:
-                _await(flags + B)
+            seen = _await(flags)
+            kept_flag = seen * 0 + 1
+            if _block_rejected(seen, FLAG_CHAIN) and N > 0:
+                kept_flag = _await(flags + B)
             gdc_launch_dependents()
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
-    n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int64)  # as _chain's
+    if PDL and not PICK and FLAG_CHAIN:  # the chain from the flags' values (one request per block)
+        n = tl.zeros_like(r).to(tl.int64) + (seen - 1) // 2
+        rejected = valid & _block_rejected(seen, FLAG_CHAIN)
+        n_eff = n  # strict and block verification only, which do not take this path
+        kept = tl.zeros_like(n) + tl.where(kept_flag > 1, 0, -1)  # only whether one was kept matters here
+    else:
+        n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int64)  # as _chain's
     greedy = temp == 0
     scale = _inv_temperature(temp) * _LOG2E
     strict = valid & False
@@ -699,7 +723,7 @@ def _fused_pick_kernel(
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
-    GPT: tl.constexpr, PDL: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr,
 ):  # fmt: skip
     """``_pick`` as a kernel of its own (where the mass kernel does not pick)."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
@@ -740,6 +764,17 @@ def _counters_and_flags(b: int) -> int:
     """The scratch's last float64 slots: the mass kernel's counters, one per request block (at
     most b), then two int32 flags per block (``_flags``)."""
     return 2 * b
+
+
+def _flag_chain(lanes: int, has_strict: bool, has_block: bool) -> bool:
+    """Whether the flags carry the chain (``FLAG_CHAIN``): with one request per block and no strict or
+    block requests, the chain kernel raises its flag to 1 + rejected + 2 n and the candidate kernel to
+    1 + (its candidate kept), so a mass program takes all it needs of the chain from the flags it
+    waits on, not from a load after them (strict and block requests need n_eff and the running ratios).
+    At B = 256, K = 1 on an H200 the mass kernel went from 48 registers to 40 and the call took 1.3 us
+    less at V = 131072, 2.0 us less at 152064 (2.9 at B = 1024), 0.7 us more at B = 256, K = 4
+    (benchmarks/RESULTS.md, issue 3, session 40). The outputs are the same."""
+    return lanes == 1 and not (has_strict or has_block)
 
 
 # Programmatic dependent launch (Hopper and later): each kernel after the statistics kernel is
@@ -898,6 +933,7 @@ def verify_fused(
         ntp,
         gpt,
         pdl,
+        _flag_chain(lanes, has_strict, has_block),
     )
     # After the statistics kernel each kernel may start before the previous one ends and waits
     # for it (``gdc_wait``) before it reads what that kernel wrote (the mass kernel before a pick
