@@ -822,7 +822,8 @@ def _device_mixed_batch(vocab, b, k, seed, device="cuda", chain_only=False):
 
 
 # A batch of chain methods only, verified with no strict or block requests: the flags carry the
-# chain (``triton_fused._flag_chain``) wherever a block holds one request and a pick kernel follows.
+# chain (``triton_fused._flag_chain``) wherever a block holds one request and a pick kernel follows,
+# with programmatic dependent launch (sm_90+).
 _CHAIN_ONLY = {"has_strict": False, "has_block": False}
 
 
@@ -938,8 +939,8 @@ def test_gpu_fused_mass_kernel_waits_for_its_blocks_flags(late, stale_flags, cha
     kernels run one after the other (PDL off), no masses for a request whose candidate is kept,
     masses for others. ``stale-flags``: the flags start raised, as an earlier call leaves them
     in memory the allocator hands out again (the statistics kernel lowers them).
-    ``chain-in-flags``: chain methods only, where the flags carry the chain (a stale flag would
-    give n = 0: the rejected draft's row instead of the bonus row)."""
+    ``chain-in-flags``: chain methods only, where the flags carry the chain (a stale flag 1 would
+    read as n = 0, no rejection: slot 0's target row instead of the bonus row)."""
     if not tf._pdl(torch.device("cuda")):
         pytest.skip("this GPU has no programmatic dependent launch (sm_90+ and Triton's launch_pdl): no flags to wait on")
     b = 256

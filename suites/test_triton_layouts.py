@@ -191,11 +191,13 @@ def test_programmatic_dependent_launch_spares_the_first_kernel(b):
         (256, 131072, {"has_block": False}, False),  # strict requests need n_eff from the chain
         (256, 131072, {"has_strict": False}, False),  # block verification its running ratios
         (256, 1024, {"has_strict": False, "has_block": False}, False),  # two requests a block
+        (8, 131072, {"has_strict": False, "has_block": False}, False),  # the pick in the mass kernel: no flags
     ],
 )
 def test_flags_carry_the_chain_only_for_one_chain_request_a_block(b, vocab, flags, carried):
-    """The chain rides on the flags (``_flag_chain``: 1 + rejected + 2 n) only where a block holds
-    one request and no strict or block request needs more of the chain than n."""
+    """The chain rides on the flags (``_flag_chain``: 1 + rejected + 2 n) only where the mass kernel
+    waits on flags (a pick kernel follows), a block holds one request and no strict or block request
+    needs more of the chain than n."""
     launches = cuda_launches(b, 1, vocab, True, **flags)
     assert {dict(zip(fn.arg_names, args))["FLAG_CHAIN"] for fn, args, _ in launches[1:]} == {carried}
 

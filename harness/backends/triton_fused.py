@@ -13,12 +13,12 @@ kernel runs), and each mass program waits only for its request block, on flags (
 scratch is not zeroed):
 * the chain kernel's, raised once the block's chain is stored (2 if one of its requests
   rejected, else 1; with one request per block and no strict or block requests 1 + rejected +
-  2 n, and the candidate kernel's 1 + kept, so that a mass program loads nothing of the chain:
-  ``_flag_chain``): a kernel two programmatic launches behind may start before the first has
+  2 n, so that a mass program loads nothing of the chain: ``_flag_chain``): a kernel two
+  programmatic launches behind may start before the first has
   ended (``benchmarks/pdl_overlap.py``; on an H100, session 27, in 8 of 10 tries the third of
   three kernels started 12-25 us before the first ended and read its flag unset);
-* after a rejection, the candidate kernel's: a mass program would otherwise sum the masses of a
-  request whose candidate is kept, and the pick kernel, which waits for the whole mass kernel,
+* after a rejection, the candidate kernel's (1; under ``_flag_chain`` 1 + (a candidate kept)):
+  a mass program would otherwise sum the masses of a request whose candidate is kept, and the pick kernel, which waits for the whole mass kernel,
   could read the block's candidates before they are stored.
 The candidate programs of a block without a rejection are waited for by no later kernel of the
 call: they only raise their flag, and work launched after the call without PDL (the next call's
@@ -252,7 +252,8 @@ def _job(
 @triton.jit
 def _flags(scratch, k_off, B):
     """Per request block: whether the chain kernel (``flags + block``) and the candidate kernel
-    (``flags + B + block``) are done with it, int32 beside the mass kernel's counters (PDL only)."""
+    (``flags + B + block``) are done with it, int32 beside the mass kernel's counters (PDL only);
+    under ``_flag_chain`` also n, the rejection and whether a candidate was kept."""
     return (scratch + k_off + B).to(tl.pointer_type(tl.int32), bitcast=True)
 
 
@@ -440,6 +441,7 @@ def _fused_chain_kernel(
     if PDL and not PICK:  # the mass kernel's programs of this block may start: 1 + (one of its requests rejected)
         value = 1 + tl.max((valid & rejected).to(tl.int32), axis=0)
         if FLAG_CHAIN:  # + 2 n of its one request: the mass kernel needs no load of the chain
+            tl.static_assert(BLOCK_R == 1, "the flags carry the chain of one request per block")
             value += 2 * tl.sum(tl.where(valid, n, 0), axis=0).to(tl.int32)
         _raise(_flags(scratch, k_off, B) + tl.program_id(0), value)
 
@@ -455,7 +457,8 @@ def _fused_candidate_kernel(
     GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr,
 ):  # fmt: skip
     """A chain method's rejection (``_fused_chain_kernel``'s decision): its replacement from the
-    residual by candidates (``_residual_candidates``), if one is kept; ``_load_chain`` reads it.
+    residual by candidates (``_residual_candidates``), if one is kept; ``_load_chain`` reads it
+    (a mass program under ``_flag_chain`` only whether one was, from the flag).
     A request whose candidate is kept is finished here (its output slots and emitted count), so
     the mass and pick kernels have nothing left to do for it."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
@@ -493,7 +496,7 @@ def _fused_candidate_kernel(
         tl.store(scratch + c_off + (K + 4) * B + r, kept, mask=need)
         _store_outputs(tokens, emitted, r, x, n, kept, need & (kept >= 0), K, KP)
     if PDL and not PICK:
-        if FLAG_CHAIN:  # 2: its candidate kept
+        if FLAG_CHAIN:  # 1 + (a candidate kept)
             _raise(_flags(scratch, k_off, B) + B + tl.program_id(0), 1 + tl.max((need & (kept >= 0)).to(tl.int32), axis=0))
         else:
             _raise(_flags(scratch, k_off, B) + B + tl.program_id(0), 1)
@@ -528,6 +531,7 @@ def _fused_mass_kernel(
             gdc_launch_dependents()
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
     if PDL and not PICK and FLAG_CHAIN:  # the chain from the flags' values (one request per block)
+        tl.static_assert(BLOCK_R == 1, "the flags carry the chain of one request per block")
         n = tl.zeros_like(r).to(tl.int64) + (seen - 1) // 2
         rejected = valid & _block_rejected(seen, FLAG_CHAIN)
         n_eff = n  # strict and block verification only, which do not take this path
@@ -766,15 +770,17 @@ def _counters_and_flags(b: int) -> int:
     return 2 * b
 
 
-def _flag_chain(lanes: int, has_strict: bool, has_block: bool) -> bool:
-    """Whether the flags carry the chain (``FLAG_CHAIN``): with one request per block and no strict or
-    block requests, the chain kernel raises its flag to 1 + rejected + 2 n and the candidate kernel to
-    1 + (its candidate kept), so a mass program takes all it needs of the chain from the flags it
-    waits on, not from a load after them (strict and block requests need n_eff and the running ratios).
-    At B = 256, K = 1 on an H200 the mass kernel went from 48 registers to 40 and the call took 1.3 us
+def _flag_chain(lanes: int, has_strict: bool, has_block: bool, pdl: bool, pick_in_mass: bool) -> bool:
+    """Whether the flags carry the chain (``FLAG_CHAIN``): where the mass kernel waits on flags (PDL,
+    a pick kernel of its own), with one request per block and no strict or block requests, the
+    chain kernel raises its flag to 1 + rejected + 2 n and the candidate kernel to 1 + (a candidate
+    kept), so a mass program takes all it needs of the chain from the flags it waits on, not from a
+    load after them (strict and block requests need n_eff and the running ratios). In the
+    benchmark's batches (standard requests with draft probabilities), at B = 256, K = 1 on an H200,
+    the mass kernel went from 48 registers to 40 and the call took 1.3 us
     less at V = 131072, 2.0 us less at 152064 (2.9 at B = 1024), 0.7 us more at B = 256, K = 4
     (benchmarks/RESULTS.md, issue 3, session 40). The outputs are the same."""
-    return lanes == 1 and not (has_strict or has_block)
+    return pdl and not pick_in_mass and lanes == 1 and not (has_strict or has_block)
 
 
 # Programmatic dependent launch (Hopper and later): each kernel after the statistics kernel is
@@ -933,7 +939,7 @@ def verify_fused(
         ntp,
         gpt,
         pdl,
-        _flag_chain(lanes, has_strict, has_block),
+        _flag_chain(lanes, has_strict, has_block, pdl, pick_in_mass),
     )
     # After the statistics kernel each kernel may start before the previous one ends and waits
     # for it (``gdc_wait``) before it reads what that kernel wrote (the mass kernel before a pick
