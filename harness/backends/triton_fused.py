@@ -18,8 +18,9 @@ scratch is not zeroed):
   ended (``benchmarks/pdl_overlap.py``; on an H100, session 27, in 8 of 10 tries the third of
   three kernels started 12-25 us before the first ended and read its flag unset);
 * after a rejection, the candidate kernel's (1; under ``_flag_chain`` 1 + (a candidate kept)):
-  a mass program would otherwise sum the masses of a request whose candidate is kept, and the pick kernel, which waits for the whole mass kernel,
-  could read the block's candidates before they are stored.
+  a mass program would otherwise sum the masses of a request whose candidate is kept, and the
+  pick kernel, which waits for the whole mass kernel, could read the block's candidates before
+  they are stored.
 The candidate programs of a block without a rejection are waited for by no later kernel of the
 call: they only raise their flag, and work launched after the call without PDL (the next call's
 statistics kernel; PyTorch's kernels, which may reuse the scratch) waits for them. A ``gdc_wait``
@@ -274,11 +275,10 @@ def _await(flag):
 
 
 @triton.jit
-def _block_rejected(seen, FLAG_CHAIN: tl.constexpr):
-    """Whether the chain flag's value ``seen`` says one of the block's requests rejected."""
-    if FLAG_CHAIN:  # 1 + rejected + 2 n
-        return (seen - 1) % 2 == 1
-    return seen > 1
+def _block_rejected(seen):
+    """Whether the chain flag's value ``seen`` (1 + rejected, + 2 n under ``_flag_chain``) says one
+    of the block's requests rejected."""
+    return (seen - 1) % 2 == 1
 
 
 # Batch sizes and scratch offsets are not specialized on (== 1, divisible by 16): every new batch
@@ -496,10 +496,10 @@ def _fused_candidate_kernel(
         tl.store(scratch + c_off + (K + 4) * B + r, kept, mask=need)
         _store_outputs(tokens, emitted, r, x, n, kept, need & (kept >= 0), K, KP)
     if PDL and not PICK:
-        if FLAG_CHAIN:  # 1 + (a candidate kept)
-            _raise(_flags(scratch, k_off, B) + B + tl.program_id(0), 1 + tl.max((need & (kept >= 0)).to(tl.int32), axis=0))
-        else:
-            _raise(_flags(scratch, k_off, B) + B + tl.program_id(0), 1)
+        value = 1
+        if FLAG_CHAIN:  # + (a candidate kept)
+            value += tl.max((need & (kept >= 0)).to(tl.int32), axis=0)
+        _raise(_flags(scratch, k_off, B) + B + tl.program_id(0), value)
 
 
 @triton.jit(do_not_specialize=_COUNTS)
@@ -525,15 +525,15 @@ def _fused_mass_kernel(
             # other blocks' candidates run meanwhile. Then the pick kernel may start.
             flags = _flags(scratch, k_off, B) + tl.program_id(0)
             seen = _await(flags)
-            kept_flag = seen * 0 + 1
-            if _block_rejected(seen, FLAG_CHAIN) and N > 0:
+            kept_flag = seen * 0 + 1  # no candidates waited for: none kept (an int32 like the flag)
+            if _block_rejected(seen) and N > 0:
                 kept_flag = _await(flags + B)
             gdc_launch_dependents()
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
     if PDL and not PICK and FLAG_CHAIN:  # the chain from the flags' values (one request per block)
         tl.static_assert(BLOCK_R == 1, "the flags carry the chain of one request per block")
         n = tl.zeros_like(r).to(tl.int64) + (seen - 1) // 2
-        rejected = valid & _block_rejected(seen, FLAG_CHAIN)
+        rejected = valid & _block_rejected(seen)
         n_eff = n  # strict and block verification only, which do not take this path
         kept = tl.zeros_like(n) + tl.where(kept_flag > 1, 0, -1)  # only whether one was kept matters here
     else:
