@@ -537,6 +537,46 @@ def test_fused_launch_constants_leave_the_tokens_as_they_were(monkeypatch):
         _assert_fused_equals_staged(vocab, draft_vocab, with_draft, tiles, 17)
 
 
+@pytest.mark.parametrize("max_steps", [0, 64], ids=["inputs-after-the-merge", "inputs-first"])
+def test_fused_chain_kernel_reads_its_inputs_first_or_after_with_the_same_tokens(monkeypatch, max_steps):
+    """The chain kernel reads the drafts, their logits and uniforms before its wait and decides
+    from the statistics it merged in registers up to ``_INPUTS_FIRST_MAX_STEPS`` steps, else
+    after the merge from the statistics loaded back: either way the staged path's tokens."""
+    monkeypatch.setattr(tf, "_INPUTS_FIRST_MAX_STEPS", max_steps)
+    for vocab, draft_vocab, with_draft, tiles in FUSED_CASES:
+        _assert_fused_equals_staged(vocab, draft_vocab, with_draft, tiles, 19)
+
+
+def _equal_counts_batch(vocab, draft_vocab, with_draft, k, seed):
+    """About forty mixed requests (``_any_requests``) of exactly ``k`` drafts each."""
+    rng = np.random.default_rng([vocab, k, seed])
+    requests = [q for q in _any_requests(rng, vocab, 40 * (k + 1), draft_vocab, k) if len(q["drafts"]) == k]
+    return _batch(requests, vocab, draft_vocab, with_draft)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_fused_batch_of_equal_draft_counts_finds_its_rows_without_cu(monkeypatch, k):
+    """Where every request has K drafts (the host knows: B K draft tokens) the statistics kernel
+    finds its rows as r (K + 1) + k and r K + k, with no load of ``cu`` before its reads; the
+    tokens are the staged path's. A ragged batch is told apart and loads ``cu``."""
+    told = []
+    real_launch = tf.launch
+
+    def spy(fn, grid, *args, **options):
+        if fn is tf._fused_stats_kernel:
+            told.append(dict(zip(fn.arg_names, args))["EQUAL_COUNTS"])
+        return real_launch(fn, grid, *args, **options)
+
+    monkeypatch.setattr(tf, "launch", spy)
+    for vocab, draft_vocab, with_draft, tiles in FUSED_CASES:
+        batch = _equal_counts_batch(vocab, draft_vocab, with_draft, k, 23)
+        assert (np.diff(batch.cu_num_drafts) == k).all() and batch.num_requests > 10
+        _assert_same(_sample(batch, path="fused", **tiles), _sample(batch, path="staged", **tiles), batch)
+        assert told[-1] is True, "the batch's equal draft counts were not told to the statistics kernel"
+    _assert_fused_equals_staged(*FUSED_CASES[0], 1)  # a ragged batch
+    assert told[-1] is False, "a ragged batch was taken for one of equal draft counts"
+
+
 def test_fused_reads_only_what_it_wrote(monkeypatch):
     """With its float64 scratch allocated full of NaN, the fused path still gives the staged
     path's outputs: no kernel reads a slot no earlier kernel wrote (a request's last target
@@ -793,14 +833,16 @@ def test_gpu_large_vocab_mixed_batch():
             assert tokens[r].tolist() == rtok[r].tolist() and emitted[r] == rem[r], f"greedy request {r} differs"
 
 
-def _device_mixed_batch(vocab, b, k, seed, device="cuda", chain_only=False):
-    """Ragged mixed batch built on the device: every method (``chain_only``: standard and
-    synthetic only), temperatures 0 / 0.5 / 1, masked and near-target bf16 draft rows, drafts
-    mostly the target's argmax, a placeholder, rates."""
+def _device_mixed_batch(vocab, b, k, seed, device="cuda", chain_only=False, equal_counts=False):
+    """Ragged mixed batch built on the device (``equal_counts``: k drafts each): every method
+    (``chain_only``: standard and synthetic only), temperatures 0 / 0.5 / 1, masked and
+    near-target bf16 draft rows, drafts mostly the target's argmax, a placeholder, rates."""
     g = torch.Generator(device).manual_seed(seed)
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, k + 1, b)
     counts[: min(b, 2)] = [k, 0][: min(b, 2)]
+    if equal_counts:
+        counts[:] = k
     cu = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)])).to(device)
     d = int(counts.sum())
     target = torch.randn(d + b, vocab, device=device, generator=g) * 3
@@ -830,19 +872,30 @@ _CHAIN_ONLY = {"has_strict": False, "has_block": False}
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(
-    "vocab,b,k,chain_only",
-    [(3000, 17, 8, False), (152064, 3, 4, False), (131072, 64, 8, False), (3000, 17, 8, True), (131072, 256, 1, True)],
+    "vocab,b,k,chain_only,equal_counts",
+    [
+        (3000, 17, 8, False, False),
+        (152064, 3, 4, False, False),
+        (131072, 64, 8, False, False),
+        (152064, 64, 1, False, False),
+        (152064, 64, 4, False, True),
+        (3000, 17, 8, True, False),
+        (131072, 256, 1, True, False),
+        (131072, 256, 1, True, True),
+        (131072, 64, 8, True, False),
+    ],
 )
-def test_gpu_fused_equals_staged(vocab, b, k, chain_only):
+def test_gpu_fused_equals_staged(vocab, b, k, chain_only, equal_counts):
     """On CUDA the fused path gives the staged path's tokens and counts, request for request,
     on ragged mixed batches (every method, greedy rows, masked rows, a placeholder; or chain
-    methods only, where the flags carry the chain). With
+    methods only, where the flags carry the chain; or K drafts each, where the statistics kernel
+    finds its rows without ``cu``). With
     the staged path's exact-law checks this verifies the fused path's law; the whole ``gpu``
     catalog on the fused path also passed on an H100 (docs/verification-results.md, session
     4) but takes minutes, mostly compiling, so it is not part of ``-m gpu``."""
     flags = _CHAIN_ONLY if chain_only else {}
     for seed in range(2):
-        args = _device_mixed_batch(vocab, b, k, seed, chain_only=chain_only)
+        args = _device_mixed_batch(vocab, b, k, seed, chain_only=chain_only, equal_counts=equal_counts)
         fused = [t.cpu().numpy() for t in ts.verify(*args, path="fused", **flags)]
         staged = [t.cpu().numpy() for t in ts.verify(*args, path="staged", **flags)]
         bad = np.flatnonzero((fused[0] != staged[0]).any(axis=1) | (fused[1] != staged[1]))

@@ -42,11 +42,16 @@ the wait they save, and the mass kernel waits with ``gdc_wait``:
    weighs each tile relative to the tile's own max (``_tile_weights``), so it reads that row
    once, in the mass kernel, instead of twice. With residual candidates (``candidates_for``)
    the target rows' tiles also store their group sums (``_grouped_stats_step``), and the
-   kernel is capped at ``_STATS_MAX_REGISTERS`` on CUDA.
+   kernel is capped at ``_STATS_MAX_REGISTERS`` on CUDA. Where every request has K drafts
+   (``EQUAL_COUNTS``) a row's address is r (K + 1) + k or r K + k, and its reads wait for no
+   load of ``cu``.
 2. ``_fused_chain_kernel``, grid (request blocks): merges the split partials of every row
    of its requests into final statistics (``_merge_splits``, as ``_combine_kernel``: once per
    row, so no later kernel merges), decides every step of the acceptance chain at once
    (standard, greedy, synthetic) and block verification's running ratios, and writes them.
+   Up to ``_INPUTS_FIRST_MAX_STEPS`` steps it reads the drafts, their logits and uniforms
+   before it waits for the statistics kernel, and decides from the statistics it merged in
+   registers (``INPUTS_FIRST``).
 2b. ``_fused_candidate_kernel``, grid (request blocks), one warp on CUDA: a chain method's
    rejection draws its replacement by rejection from the target row (``_residual_candidates``:
    ``candidates_for`` candidates, each reading one group of ids), so that request needs no
@@ -146,13 +151,25 @@ def _final_stats(s_m, s_s, s_arg, s_nan, rows, mask):
 
 
 @triton.jit
+def _logit_at(logits, stride, width, row, x, mask):
+    """The logit of id ``x`` in ``row`` (fp32), -inf outside the row's vocabulary or ``mask``."""
+    inside = mask & (x >= 0) & (x < width)
+    return tl.load(logits + row.to(tl.int64) * stride + x, mask=inside, other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _lp_of(a, m, logs, arg, bad, x, inv_t, greedy):
+    """log p(x) from the logit ``a`` of ``x`` (``_logit_at``) and its row's statistics: a point
+    mass on the argmax for greedy or degenerate rows, -inf where ``a`` is."""
+    lp = tl.where(a == float("-inf"), float("-inf"), (a - m) * inv_t - logs)
+    return tl.where(greedy | bad, tl.where(x == arg, 0.0, float("-inf")), lp)
+
+
+@triton.jit
 def _lp(logits, stride, width, m, logs, arg, bad, row, x, inv_t, greedy, mask):
     """``_logprob`` from statistics in registers: log p(x) of one row per lane (a point
     mass on the argmax for greedy or degenerate rows, 0 outside the row's vocabulary)."""
-    inside = mask & (x >= 0) & (x < width)
-    a = tl.load(logits + row.to(tl.int64) * stride + x, mask=inside, other=float("-inf")).to(tl.float32)
-    lp = tl.where(inside, (a - m) * inv_t - logs, float("-inf"))
-    return tl.where(greedy | bad, tl.where(x == arg, 0.0, float("-inf")), lp)
+    return _lp_of(_logit_at(logits, stride, width, row, x, mask), m, logs, arg, bad, x, inv_t, greedy)
 
 
 @triton.jit
@@ -175,37 +192,51 @@ def _request(cu, temperature, seeds, methods, B, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
-def _chain(
-    t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan,
-    positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
-    HAS_DRAFT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
-    KP: tl.constexpr,
+def _chain_inputs(
+    t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, rates, K, r, valid, start, cnt, seed, method,
+    HAS_DRAFT: tl.constexpr, HAS_SYNTH: tl.constexpr, KP: tl.constexpr,
 ):  # fmt: skip
-    """``_chain_kernel``'s decisions, every step at once: the drafts ``x`` [lanes, KP] (-1
-    past the count), ``n`` drafts accepted by the standard / greedy / synthetic rule,
-    whether step ``n`` rejected, ``n_eff`` drafts before the first placeholder, and block
-    verification's running ratios ``rhos`` [lanes, KP] (rho_0 = 1; valid up to n_eff)."""
+    """What the chain reads of the caller's tensors, [lanes, KP] each: the drafts ``x`` (-1 past
+    the count), which steps hold one (``good``), the target and draft logits at them
+    (``_logit_at``), the acceptance uniforms and the synthetic rates. None of it depends on the
+    statistics kernel."""
     ks = tl.arange(0, KP).to(tl.int64)[None, :]  # int64 counts: no widening later (Triton 3.6 miscompiles one)
     step = valid[:, None] & (ks < cnt[:, None])
     x = tl.load(drafts + start[:, None] + ks, mask=step, other=-1)  # -1: placeholder or none
     good = step & (x >= 0)
+    row = (start + r)[:, None] + ks
+    a_t = _logit_at(t_logits, t_stride, V, row, x, good)
+    a_q = a_t  # unused without a draft row
+    if HAS_DRAFT:
+        a_q = _logit_at(d_logits, d_stride, Vd, start[:, None] + ks, x, good)
+    u = _uniform(seed[:, None], tl.load(positions + row, mask=good, other=0), _ACCEPT)
+    rate = tl.zeros_like(a_t)
+    if HAS_SYNTH:
+        rate = tl.load(rates + r[:, None] * K + ks, mask=good & (method == _SYNTHETIC)[:, None], other=0.0)
+    return x, good, a_t, a_q, u, rate
+
+
+@triton.jit
+def _chain_rule(
+    x, good, a_t, a_q, u, rate, tm, tlogs, targ, tbad, dm, dlogs, darg, dbad, K, valid, temp, method,
+    HAS_DRAFT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr, KP: tl.constexpr,
+):  # fmt: skip
+    """``_chain_kernel``'s decisions, every step at once, from ``_chain_inputs`` and the rows'
+    final statistics ([lanes, KP]; the draft's unused without a draft row): ``n`` drafts
+    accepted by the standard / greedy / synthetic rule, whether step ``n`` rejected, ``n_eff``
+    drafts before the first placeholder, and block verification's running ratios ``rhos``
+    [lanes, KP] (rho_0 = 1; valid up to n_eff)."""
+    ks = tl.arange(0, KP).to(tl.int64)[None, :]
     greedy = (temp == 0)[:, None]
     inv_t = _inv_temperature(temp)[:, None]
-    row = (start + r)[:, None] + ks
-    tm, tlogs, targ, tbad = _final_stats(t_m, t_s, t_arg, t_nan, row, good)
-    lt = _lp(t_logits, t_stride, V, tm, tlogs, targ, tbad, row, x, inv_t, greedy, good)
+    lt = _lp_of(a_t, tm, tlogs, targ, tbad, x, inv_t, greedy)
     lq = tl.zeros_like(lt)
     if HAS_DRAFT:
-        drow = start[:, None] + ks
-        dm, dlogs, darg, dbad = _final_stats(d_m, d_s, d_arg, d_nan, drow, good)
-        lq = _lp(d_logits, d_stride, Vd, dm, dlogs, darg, dbad, drow, x, inv_t, greedy, good)
-    u = _uniform(seed[:, None], tl.load(positions + row, mask=good, other=0), _ACCEPT)
+        lq = _lp_of(a_q, dm, dlogs, darg, dbad, x, inv_t, greedy)
     # standard: min(1, t/q), t/0 = inf for t > 0, 0/0 = 0; no draft row: q(x) = 1
     ok = u < tl.where(lt == float("-inf"), 0.0, tl.exp(tl.minimum(lt - lq, 0.0))).to(tl.float64)
     if HAS_SYNTH:
-        synth = (method == _SYNTHETIC)[:, None]
-        rate = tl.load(rates + r[:, None] * K + ks, mask=good & synth, other=0.0)
-        ok = tl.where(synth, u < rate, ok)
+        ok = tl.where((method == _SYNTHETIC)[:, None], u < rate, ok)
     n = tl.min(tl.where(good & ok, KP, ks), axis=1)  # the first step that does not accept
     n_eff = tl.min(tl.where(good, KP, ks), axis=1)
     rhos = tl.where(ks == 0, 1.0, tl.zeros_like(lt))
@@ -218,7 +249,7 @@ def _chain(
             ratio_k = tl.sum(tl.where(ks == k, ratio, 0.0), axis=1)
             rho = tl.where(bact, tl.where(rho == 0, 0.0, tl.minimum(rho * ratio_k, 1.0)), rho)
             rhos = tl.where(ks == k + 1, rho[:, None], rhos)
-    return x, n, n < n_eff, n_eff, rhos
+    return n, n < n_eff, n_eff, rhos
 
 
 # --- draws ----------------------------------------------------------------------------------------
@@ -292,7 +323,7 @@ def _fused_stats_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, KS, B, scratch, t_size, d_off, d_size,
     t_split_len, d_split_len, per, runs, g_sum, g_tile, k_off, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr,
     D_NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, EQUAL_COUNTS: tl.constexpr,
 ):  # fmt: skip
     """Target row k (the first cdiv(T_NSPLIT, per) of a lane block's ``runs``) or draft row k (the
     next cdiv(D_NSPLIT, per)) of request r over ``per`` vocabulary splits, one (r, k < max(K, 1))
@@ -317,8 +348,12 @@ def _fused_stats_kernel(
     r = lane // KS
     k = lane % KS
     valid = r < B
-    start = tl.load(cu + r, mask=valid, other=0)
-    cnt = tl.load(cu + r + 1, mask=valid, other=0) - start
+    if EQUAL_COUNTS:  # every request has KS drafts: a row's address waits for no load of ``cu``
+        start = (r * KS).to(cu.dtype.element_ty)
+        cnt = tl.zeros_like(start) + KS
+    else:
+        start = tl.load(cu + r, mask=valid, other=0)
+        cnt = tl.load(cu + r + 1, mask=valid, other=0) - start
     temp = tl.load(temperature + r, mask=valid, other=1.0)
     scale = _inv_temperature(temp) * _LOG2E
     greedy = temp == 0
@@ -381,11 +416,16 @@ def _store_outputs(tokens, emitted, r, x, fin, token, mask, K, KP: tl.constexpr)
 
 
 @triton.jit
-def _finalize(partials, size, f_m, f_s, f_arg, f_nan, rows, mask, scale, NSPLIT: tl.constexpr):
+def _finalize(partials, size, f_m, f_s, f_arg, f_nan, rows, mask, good, scale, NSPLIT: tl.constexpr):
     """Merge the ``NSPLIT`` partials of ``rows`` (the four arrays of ``size`` at ``partials``)
-    and store their final statistics, as ``_combine_kernel`` does (``_combine_rows``)."""
+    and store their final statistics, as ``_combine_kernel`` does (``_combine_rows``). Returns
+    them as ``_final_stats`` loads them back (the same bits) where ``good``, else 0."""
     p_m, p_s, p_arg, p_nan = _stats_at(partials, size)
-    _combine_rows(p_m, p_s, p_arg, p_nan, rows, mask, scale + tl.zeros(rows.shape, tl.float32), f_m, f_s, f_arg, f_nan, NSPLIT, 0)
+    m, s, arg, nan = _combine_rows(
+        p_m, p_s, p_arg, p_nan, rows, mask, scale + tl.zeros(rows.shape, tl.float32), f_m, f_s, f_arg, f_nan, NSPLIT, 0
+    )
+    bad = good & ((nan != 0) | (s == 0))  # as _store_final stores them
+    return tl.where(good, m, 0.0), tl.where(good, tl.log(s), 0.0), tl.where(bad | ~good, 0, arg).to(tl.int64), bad
 
 
 @triton.jit
@@ -412,27 +452,47 @@ def _fused_chain_kernel(
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
-    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr, INPUTS_FIRST: tl.constexpr,
 ):  # fmt: skip
-    """Final statistics of every row of its requests (merged splits), then the chain."""
+    """Final statistics of every row of its requests (merged splits), then the chain. With
+    ``INPUTS_FIRST`` it reads the caller's tensors (``_chain_inputs``) before it waits for the
+    statistics kernel and decides from the statistics it merged in registers; else after the
+    merge, and from the statistics loaded back (fewer registers across the merge)."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
+    if INPUTS_FIRST:
+        x, good, a_t, a_q, u, rate = _chain_inputs(
+            t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, rates, K, r, valid, start, cnt, seed, method,
+            HAS_DRAFT, HAS_SYNTH, KP,
+        )  # fmt: skip
     if PDL:  # the inputs above are the caller's; the statistics kernel's partials below
         gdc_wait()
         gdc_launch_dependents()
     ks = tl.arange(0, KP).to(tl.int64)[None, :]
     scale = (_inv_temperature(temp) * _LOG2E)[:, None]
     t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan = _finals(scratch, t_size, d_off, d_size, f_off, T_NSPLIT, D_NSPLIT)
-    if T_NSPLIT > 1:  # target and draft rows 0..cnt-1 (the last target row has no statistics)
-        rows, mask = (start + r)[:, None] + ks, valid[:, None] & (ks < cnt[:, None])
-        _finalize(scratch, t_size, t_m, t_s, t_arg, t_nan, rows, mask, scale, T_NSPLIT)
+    # Target and draft rows 0..cnt-1 (the last target row has no statistics).
+    t_rows, d_rows, mask = (start + r)[:, None] + ks, start[:, None] + ks, valid[:, None] & (ks < cnt[:, None])
+    if not INPUTS_FIRST:
+        good = mask  # unused: the merged statistics are loaded back below
+    if T_NSPLIT > 1:
+        tm, tlogs, targ, tbad = _finalize(scratch, t_size, t_m, t_s, t_arg, t_nan, t_rows, mask, good, scale, T_NSPLIT)
+    if HAS_DRAFT and D_NSPLIT > 1:
+        dm, dlogs, darg, dbad = _finalize(scratch + d_off, d_size, d_m, d_s, d_arg, d_nan, d_rows, mask, good, scale, D_NSPLIT)
+    if not INPUTS_FIRST:
+        tl.debug_barrier()  # the final statistics other threads stored, loaded back below
+        x, good, a_t, a_q, u, rate = _chain_inputs(
+            t_logits, t_stride, V, d_logits, d_stride, Vd, positions, drafts, rates, K, r, valid, start, cnt, seed, method,
+            HAS_DRAFT, HAS_SYNTH, KP,
+        )  # fmt: skip
+    if T_NSPLIT == 1 or not INPUTS_FIRST:
+        tm, tlogs, targ, tbad = _final_stats(t_m, t_s, t_arg, t_nan, t_rows, good)
     if HAS_DRAFT:
-        if D_NSPLIT > 1:
-            rows, mask = start[:, None] + ks, valid[:, None] & (ks < cnt[:, None])
-            _finalize(scratch + d_off, d_size, d_m, d_s, d_arg, d_nan, rows, mask, scale, D_NSPLIT)
-    tl.debug_barrier()
-    _, n, rejected, n_eff, rhos = _chain(
-        t_logits, t_stride, V, d_logits, d_stride, Vd, t_m, t_s, t_arg, t_nan, d_m, d_s, d_arg, d_nan,
-        positions, drafts, rates, K, r, valid, start, cnt, temp, seed, method,
+        if D_NSPLIT == 1 or not INPUTS_FIRST:
+            dm, dlogs, darg, dbad = _final_stats(d_m, d_s, d_arg, d_nan, d_rows, good)
+    else:
+        dm, dlogs, darg, dbad = tm, tlogs, targ, tbad  # unused without a draft row
+    n, rejected, n_eff, rhos = _chain_rule(
+        x, good, a_t, a_q, u, rate, tm, tlogs, targ, tbad, dm, dlogs, darg, dbad, K, valid, temp, method,
         HAS_DRAFT, HAS_SYNTH, HAS_BLOCK, KP,
     )  # fmt: skip
     _store_chain(scratch + c_off, r, valid, n, rejected, n_eff, rhos, K, B, HAS_BLOCK, KP)
@@ -454,7 +514,7 @@ def _fused_candidate_kernel(
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
-    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr, INPUTS_FIRST: tl.constexpr,
 ):  # fmt: skip
     """A chain method's rejection (``_fused_chain_kernel``'s decision): its replacement from the
     residual by candidates (``_residual_candidates``), if one is kept; ``_load_chain`` reads it
@@ -510,7 +570,7 @@ def _fused_mass_kernel(
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
-    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr, INPUTS_FIRST: tl.constexpr,
 ):  # fmt: skip
     """Every draw's weight sums over this program's span of tiles (``split_len`` ids), after
     the chain ``_fused_chain_kernel`` decided: the final row of chain requests (if not a point
@@ -727,7 +787,7 @@ def _fused_pick_kernel(
     HAS_DRAFT: tl.constexpr, HAS_STRICT: tl.constexpr, HAS_SYNTH: tl.constexpr, HAS_BLOCK: tl.constexpr,
     T_NSPLIT: tl.constexpr, D_NSPLIT: tl.constexpr, KP: tl.constexpr, NT: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr, PICK: tl.constexpr, N: tl.constexpr, GROUP: tl.constexpr, NTP: tl.constexpr,
-    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr,
+    GPT: tl.constexpr, PDL: tl.constexpr, FLAG_CHAIN: tl.constexpr, INPUTS_FIRST: tl.constexpr,
 ):  # fmt: skip
     """``_pick`` as a kernel of its own (where the mass kernel does not pick)."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
@@ -762,6 +822,15 @@ _STATS_MAX_REGISTERS = 48
 # mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 (benchmarks/RESULTS.md,
 # issue 3, session 16). The tokens are the same either way.
 _PICK_IN_MASS_MAX_BLOCKS = 8
+
+
+# Up to this many steps (``KP``: K + 1 padded to a power of two, so K = 1), the chain kernel reads
+# the caller's tensors before it waits for the statistics kernel and decides from the statistics it
+# merged in registers (``INPUTS_FIRST``). At K = 1 on an H200 that took 0.5 us off B = 256,
+# V = 131072, 0.9-1.2 off V = 152064, B = 1 and B = 1024 (session 41); at K = 8 the chain
+# kernel's registers went from 80 to 148 and it cost 1.3-1.5 us at B = 1 and 64, and 1.0 us at
+# B = 256, K = 4 (session 40; benchmarks/RESULTS.md, issue 3). The outputs are the same.
+_INPUTS_FIRST_MAX_STEPS = 2
 
 
 def _counters_and_flags(b: int) -> int:
@@ -893,12 +962,17 @@ def verify_fused(
     lanes = block_r if cuda else min(_CPU_TILE // t_block_v, next_power_of_2(b * ks))
     per = _stats_splits_per_program(b * ks, max(t_nsplit, d_nsplit))
     pdl = cuda and _pdl(dev)
+    # Every request has K drafts: the host knows it from the draft count alone (B K tokens, at
+    # most K each), and the statistics kernel then finds its rows without loading ``cu``. On an
+    # H200 0.7-1.0 us less at B = 256, K = 1, V = 131072, up to 0.5 us less at the other shapes
+    # timed (benchmarks/RESULTS.md, issue 3, session 41). The outputs are the same.
+    equal_counts = n_d == b * ks
     runs = cdiv(t_nsplit, per) + (cdiv(d_nsplit, per) if has_draft else 0)  # runs of splits per lane block
     launch(
         _fused_stats_kernel, (cdiv(b * ks, lanes) * runs,),
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, ks, b,
         scratch, t_size, d_off, d_size, t_split_len, d_split_len, per, runs, g_sum, g_tile, k_off, has_draft, t_nsplit, d_nsplit, lanes,
-        t_width, _stats_width(d_split_len, d_block_v, cuda), group if candidates else 0, pdl,
+        t_width, _stats_width(d_split_len, d_block_v, cuda), group if candidates else 0, pdl, equal_counts,
         num_warps=4, **({"maxnreg": _STATS_MAX_REGISTERS} if cuda and candidates else {}),
     )  # fmt: skip
     has_synthetic = has_synthetic and synthetic_rates is not None
@@ -940,6 +1014,7 @@ def verify_fused(
         gpt,
         pdl,
         _flag_chain(lanes, has_strict, has_block, pdl, pick_in_mass),
+        kp <= _INPUTS_FIRST_MAX_STEPS,
     )
     # After the statistics kernel each kernel may start before the previous one ends and waits
     # for it (``gdc_wait``) before it reads what that kernel wrote (the mass kernel before a pick

@@ -335,7 +335,8 @@ def _combine_rows(
 ):  # fmt: skip
     """Load the ``NSPLIT`` partials of ``rows`` (any shape; ``scale`` of the same shape), merge
     them (``_merge_splits``) and store the final statistics (``_store_final``): the staged
-    ``_combine_kernel`` and the fused chain kernel's ``_finalize`` (partials in float64)."""
+    ``_combine_kernel`` and the fused chain kernel's ``_finalize`` (partials in float64).
+    Returns the merged max, sum, argmax and NaN flag."""
     axis: tl.constexpr = len(rows.shape)
     sp = tl.arange(0, triton.next_power_of_2(NSPLIT))
     part = tl.expand_dims(rows * NSPLIT, axis) + sp
@@ -349,6 +350,7 @@ def _combine_rows(
         FAULT,
     )
     _store_final(rows, mask, m, s, arg, nan, out_m, out_logs, out_arg, out_bad, FAULT)
+    return m, s, arg, nan
 
 
 @triton.jit(do_not_specialize=["n_rows"])
