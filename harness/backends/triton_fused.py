@@ -50,8 +50,8 @@ the wait they save, and the mass kernel waits with ``gdc_wait``:
    row, so no later kernel merges), decides every step of the acceptance chain at once
    (standard, greedy, synthetic) and block verification's running ratios, and writes them.
    Up to ``_INPUTS_FIRST_MAX_STEPS`` steps it reads the drafts, their logits and uniforms
-   before it waits for the statistics kernel, and decides from the statistics it merged in
-   registers (``INPUTS_FIRST``).
+   before it waits for the statistics kernel, and takes the statistics of a side with several
+   splits from the registers it merged them in (``INPUTS_FIRST``).
 2b. ``_fused_candidate_kernel``, grid (request blocks), one warp on CUDA: a chain method's
    rejection draws its replacement by rejection from the target row (``_residual_candidates``:
    ``candidates_for`` candidates, each reading one group of ids), so that request needs no
@@ -168,7 +168,7 @@ def _lp_of(a, m, logs, arg, bad, x, inv_t, greedy):
 @triton.jit
 def _lp(logits, stride, width, m, logs, arg, bad, row, x, inv_t, greedy, mask):
     """``_logprob`` from statistics in registers: log p(x) of one row per lane (a point
-    mass on the argmax for greedy or degenerate rows, 0 outside the row's vocabulary)."""
+    mass on the argmax for greedy or degenerate rows, -inf outside the row's vocabulary)."""
     return _lp_of(_logit_at(logits, stride, width, row, x, mask), m, logs, arg, bad, x, inv_t, greedy)
 
 
@@ -456,8 +456,9 @@ def _fused_chain_kernel(
 ):  # fmt: skip
     """Final statistics of every row of its requests (merged splits), then the chain. With
     ``INPUTS_FIRST`` it reads the caller's tensors (``_chain_inputs``) before it waits for the
-    statistics kernel and decides from the statistics it merged in registers; else after the
-    merge, and from the statistics loaded back (fewer registers across the merge)."""
+    statistics kernel, and takes the statistics it merged (a side with several splits) from
+    registers; else it reads them after the merge, and loads the merged statistics back (fewer
+    registers across the merge)."""
     r, valid, start, cnt, temp, seed, method = _request(cu, temperature, seeds, methods, B, BLOCK_R)
     if INPUTS_FIRST:
         x, good, a_t, a_q, u, rate = _chain_inputs(
@@ -473,7 +474,7 @@ def _fused_chain_kernel(
     # Target and draft rows 0..cnt-1 (the last target row has no statistics).
     t_rows, d_rows, mask = (start + r)[:, None] + ks, start[:, None] + ks, valid[:, None] & (ks < cnt[:, None])
     if not INPUTS_FIRST:
-        good = mask  # unused: the merged statistics are loaded back below
+        good = mask  # _finalize's returns are unused: the merged statistics are loaded back below
     if T_NSPLIT > 1:
         tm, tlogs, targ, tbad = _finalize(scratch, t_size, t_m, t_s, t_arg, t_nan, t_rows, mask, good, scale, T_NSPLIT)
     if HAS_DRAFT and D_NSPLIT > 1:
@@ -597,7 +598,7 @@ def _fused_mass_kernel(
         n_eff = n  # strict and block verification only, which do not take this path
         kept = tl.zeros_like(n) + tl.where(kept_flag > 1, 0, -1)  # only whether one was kept matters here
     else:
-        n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int64)  # as _chain's
+        n, rejected, n_eff, kept = _load_chain(scratch + c_off, r, valid, K, B, tl.int64)  # as _chain_rule's
     greedy = temp == 0
     scale = _inv_temperature(temp) * _LOG2E
     strict = valid & False
@@ -824,9 +825,9 @@ _STATS_MAX_REGISTERS = 48
 _PICK_IN_MASS_MAX_BLOCKS = 8
 
 
-# Up to this many steps (``KP``: K + 1 padded to a power of two, so K = 1), the chain kernel reads
-# the caller's tensors before it waits for the statistics kernel and decides from the statistics it
-# merged in registers (``INPUTS_FIRST``). At K = 1 on an H200 that took 0.5 us off B = 256,
+# Up to this many steps (``KP``: K + 1 padded to a power of two, at least 2, so K <= 1), the chain
+# kernel reads the caller's tensors before it waits for the statistics kernel and takes the
+# statistics it merged from registers (``INPUTS_FIRST``). At K = 1 on an H200 that took 0.5 us off B = 256,
 # V = 131072, 0.9-1.2 off V = 152064, B = 1 and B = 1024 (session 41); at K = 8 the chain
 # kernel's registers went from 80 to 148 and it cost 1.3-1.5 us at B = 1 and 64, and 1.0 us at
 # B = 256, K = 4 (session 40; benchmarks/RESULTS.md, issue 3). The outputs are the same.
@@ -918,7 +919,10 @@ def verify_fused(
     block_v: int | None = None, splits: int | None = None,
 ):  # fmt: skip
     """``triton_sampler.verify``'s contract (the same outputs) in three to five launches, three
-    allocations and no host synchronization. ``has_*`` only prune code, as there."""
+    allocations and no host synchronization. ``has_*`` only prune code, as there. The inputs keep
+    the ``VerifyBatch`` layout, unchecked here: ``cu_num_drafts`` from 0, counts at most
+    ``max_drafts``, one draft token per draft (``_fused_stats_kernel`` finds the rows of a batch
+    of ``max_drafts`` each without ``cu``)."""
     dev = target_logits.device
     cuda = _on_cuda(target_logits)
     b = cu_num_drafts.numel() - 1
@@ -965,7 +969,8 @@ def verify_fused(
     # Every request has K drafts: the host knows it from the draft count alone (B K tokens, at
     # most K each), and the statistics kernel then finds its rows without loading ``cu``. On an
     # H200 0.7-1.0 us less at B = 256, K = 1, V = 131072, up to 0.5 us less at the other shapes
-    # timed (benchmarks/RESULTS.md, issue 3, session 41). The outputs are the same.
+    # timed (benchmarks/RESULTS.md, issue 3, session 41). The outputs are the same. A constexpr:
+    # as a runtime argument, a ragged batch's code took 2 us more there than before the change.
     equal_counts = n_d == b * ks
     runs = cdiv(t_nsplit, per) + (cdiv(d_nsplit, per) if has_draft else 0)  # runs of splits per lane block
     launch(
