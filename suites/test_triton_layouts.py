@@ -127,7 +127,8 @@ def _layout_changes(case: list) -> dict:
 
 
 def _compiled_in_child(case: list) -> dict:
-    """``_layout_changes(case)`` in a child process without the interpreter."""
+    """``_layout_changes(case)`` (``_evict_first_hints()`` for ``["evict-first-hints"]``) in a child
+    process without the interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
     try:
@@ -202,8 +203,41 @@ def test_flags_carry_the_chain_only_for_one_chain_request_a_block(b, vocab, flag
     assert {dict(zip(fn.arg_names, args))["FLAG_CHAIN"] for fn, args, _ in launches[1:]} == {carried}
 
 
+@pytest.mark.parametrize(
+    "b,k,told",
+    [(1, 8, False), (15, 1, False), (16, 1, True), (256, 1, True), (64, 8, True), (65, 8, False), (256, 4, False), (1024, 1, False)],
+)
+def test_statistics_tiles_evict_first_between_its_draft_counts(b, k, told):
+    """The statistics kernel loads its tiles ``evict_first`` for B K draft rows from
+    ``_STATS_EVICT_FIRST_MIN_DRAFTS`` to ``_STATS_EVICT_FIRST_MAX_DRAFTS`` (16 to 512), not
+    outside (the calls it measured slower there, issue 3, session 43)."""
+    stats = cuda_launches(b, k, 4096, True)[0]
+    assert stats[0] is tf._fused_stats_kernel
+    assert dict(zip(stats[0].arg_names, stats[1]))["EVICT_FIRST"] is told
+
+
+def test_evict_first_reaches_the_statistics_loads():
+    """Compiled for sm_90, the statistics kernel told ``EVICT_FIRST`` loads its tiles with an L2
+    evict_first hint (``createpolicy ... L2::evict_first`` and ``L2::cache_hint`` loads), and the
+    kernel not told loads none that way."""
+    hinted = _compiled_in_child(["evict-first-hints"])
+    assert hinted["told"] > 0 and hinted["not told"] == 0, hinted
+
+
+def _evict_first_hints() -> dict:
+    """Loads with an L2 cache hint in the sm_90 statistics kernel of a batch told ``EVICT_FIRST``
+    (B = 64, K = 1) and of one not told (B = 600, K = 1), at V = 65536 (group sums on)."""
+    counts = {}
+    for name, b in (("told", 64), ("not told", 600)):
+        fn, args, options = cuda_launches(b, 1, 65536, True, has_strict=False, has_block=False)[0]
+        ptx = compile_sm90(fn, args, options.get("num_warps", 4), options.get("maxnreg")).asm["ptx"]
+        counts[name] = len(re.findall(r"ld\.global\S*L2::cache_hint", ptx)) if "L2::evict_first" in ptx else 0
+    return counts
+
+
 if __name__ == "__main__":
-    print(json.dumps(_layout_changes(json.loads(sys.argv[1]))))
+    case = json.loads(sys.argv[1])
+    print(json.dumps(_evict_first_hints() if case == ["evict-first-hints"] else _layout_changes(case)))
 
 
 def test_kernel_resources_reports_every_fused_kernel():

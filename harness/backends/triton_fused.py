@@ -44,7 +44,8 @@ the wait they save, and the mass kernel waits with ``gdc_wait``:
    the target rows' tiles also store their group sums (``_grouped_stats_step``), and the
    kernel is capped at ``_STATS_MAX_REGISTERS`` on CUDA. Where every request has K drafts
    (``EQUAL_COUNTS``) a row's address is r (K + 1) + k or r K + k, and its reads wait for no
-   load of ``cu``.
+   load of ``cu``. With ``_STATS_EVICT_FIRST_MIN_DRAFTS`` to ``_STATS_EVICT_FIRST_MAX_DRAFTS``
+   draft rows its tiles load ``evict_first`` (``EVICT_FIRST``, a cache hint).
 2. ``_fused_chain_kernel``, grid (request blocks): merges the split partials of every row
    of its requests into final statistics (``_merge_splits``, as ``_combine_kernel``: once per
    row, so no later kernel merges), decides every step of the acceptance chain at once
@@ -323,7 +324,7 @@ def _fused_stats_kernel(
     t_logits, t_stride, V, d_logits, d_stride, Vd, cu, temperature, KS, B, scratch, t_size, d_off, d_size,
     t_split_len, d_split_len, per, runs, g_sum, g_tile, k_off, HAS_DRAFT: tl.constexpr, T_NSPLIT: tl.constexpr,
     D_NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, T_BLOCK_V: tl.constexpr, D_BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
-    PDL: tl.constexpr, EQUAL_COUNTS: tl.constexpr,
+    PDL: tl.constexpr, EQUAL_COUNTS: tl.constexpr, EVICT_FIRST: tl.constexpr,
 ):  # fmt: skip
     """Target row k (the first cdiv(T_NSPLIT, per) of a lane block's ``runs``) or draft row k (the
     next cdiv(D_NSPLIT, per)) of request r over ``per`` vocabulary splits, one (r, k < max(K, 1))
@@ -364,14 +365,14 @@ def _fused_stats_kernel(
             for split in range(first, tl.minimum(first + per, T_NSPLIT)):
                 _split_stats(
                     t_logits, t_stride, V, start + r + k, valid, valid & greedy, scale, split, t_split_len, t_m, t_s, t_arg, t_nan,
-                    g_sum, g_tile, T_NSPLIT, BLOCK_R, T_BLOCK_V, 0, GROUP,
+                    g_sum, g_tile, T_NSPLIT, BLOCK_R, T_BLOCK_V, 0, GROUP, EVICT_FIRST,
                 )  # fmt: skip
         elif HAS_DRAFT:
             d_m, d_s, d_arg, d_nan = _stats_at(scratch + d_off, d_size)
             for split in range(first - t_firsts, tl.minimum(first - t_firsts + per, D_NSPLIT)):
                 _split_stats(
                     d_logits, d_stride, Vd, start + k, valid, valid & greedy, scale, split, d_split_len, d_m, d_s, d_arg, d_nan,
-                    g_sum, g_tile, D_NSPLIT, BLOCK_R, D_BLOCK_V, 0, 0,
+                    g_sum, g_tile, D_NSPLIT, BLOCK_R, D_BLOCK_V, 0, 0, EVICT_FIRST,
                 )  # fmt: skip
 
 
@@ -823,6 +824,16 @@ _STATS_MAX_REGISTERS = 48
 # mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 (benchmarks/RESULTS.md,
 # issue 3, session 16). The tokens are the same either way.
 _PICK_IN_MASS_MAX_BLOCKS = 8
+# Between these draft counts (a call's B K) the statistics kernel loads its tiles ``evict_first``
+# (``_row_tile``): its rows are read once, so their lines go before the lines L2 held. On an H200,
+# with do_bench's flush (L2 left full of dirty lines), the call took 0.5-3.9 us less at B = 64-256
+# (B = 256, K = 1, V = 131072: 98.8-98.9 -> 97.2-97.5 us), mostly because those lines were no
+# longer written back during it; 0.6 us more at B = 1, K = 8 (the chain and the candidates read
+# lines of its rows again) and 0.5-8.8 us more at B K = 1024 (B = 1024, K = 1 and 4; B = 256,
+# K = 4). With clean lines in L2 it took 0.5-0.8 us less at B = 256, K = 1 and 12 us less at
+# B K = 1024 (benchmarks/RESULTS.md, issue 3, session 43). A hint only: the outputs are the same.
+_STATS_EVICT_FIRST_MIN_DRAFTS = 16
+_STATS_EVICT_FIRST_MAX_DRAFTS = 512
 
 
 # Up to this many steps (``KP``: K + 1 padded to a power of two, at least 2, so K <= 1), the chain
@@ -972,12 +983,13 @@ def verify_fused(
     # timed (benchmarks/RESULTS.md, issue 3, session 41). The outputs are the same. A constexpr:
     # as a runtime argument, a ragged batch's code took 2 us more there than before the change.
     equal_counts = n_d == b * ks
+    evict_first = _STATS_EVICT_FIRST_MIN_DRAFTS <= n_d <= _STATS_EVICT_FIRST_MAX_DRAFTS
     runs = cdiv(t_nsplit, per) + (cdiv(d_nsplit, per) if has_draft else 0)  # runs of splits per lane block
     launch(
         _fused_stats_kernel, (cdiv(b * ks, lanes) * runs,),
         target_logits, target_logits.stride(0), vocab, d_logits, d_logits.stride(0), d_vocab, cu_num_drafts, temperature, ks, b,
         scratch, t_size, d_off, d_size, t_split_len, d_split_len, per, runs, g_sum, g_tile, k_off, has_draft, t_nsplit, d_nsplit, lanes,
-        t_width, _stats_width(d_split_len, d_block_v, cuda), group if candidates else 0, pdl, equal_counts,
+        t_width, _stats_width(d_split_len, d_block_v, cuda), group if candidates else 0, pdl, equal_counts, evict_first,
         num_warps=4, **({"maxnreg": _STATS_MAX_REGISTERS} if cuda and candidates else {}),
     )  # fmt: skip
     has_synthetic = has_synthetic and synthetic_rates is not None

@@ -160,6 +160,18 @@ def _inv_temperature(temp):
 
 
 @triton.jit
+def _row_tile(ptrs, mask, EVICT_FIRST: tl.constexpr):
+    """A statistics tile of logits as fp32 (-inf where masked). ``EVICT_FIRST``: its lines are
+    L2's first to go (``eviction_policy``), so that a read-once stream keeps other lines
+    resident; a hint only, the values are the same."""
+    if EVICT_FIRST:
+        a = tl.load(ptrs, mask=mask, other=float("-inf"), eviction_policy="evict_first")
+    else:
+        a = tl.load(ptrs, mask=mask, other=float("-inf"))
+    return a.to(tl.float32)
+
+
+@triton.jit
 def _stats_step(a, m, s, best, start, scale, FAULT: tl.constexpr):
     """Fold one tile into the running max ``m``, rescaled sum ``s`` and max's tile ``best``.
     The tile's fp32 sum adds in the order of the register layout Triton gives the tile, which
@@ -179,7 +191,8 @@ def _stats_step(a, m, s, best, start, scale, FAULT: tl.constexpr):
 
 @triton.jit
 def _grouped_stats_step(
-    base, rows, valid, start, hi, width, m, s, best, scale, g_sum, g_tile, BLOCK_V: tl.constexpr, GROUP: tl.constexpr
+    base, rows, valid, start, hi, width, m, s, best, scale, g_sum, g_tile, BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
+    EVICT_FIRST: tl.constexpr,
 ):  # fmt: skip
     """``_stats_step`` over the tile at ``start`` with its terms summed by groups of ``GROUP``
     ids first: stores the group sums relative to the running max after the tile into ``g_sum``
@@ -190,7 +203,7 @@ def _grouped_stats_step(
     (``_STATS_MAX_REGISTERS``)."""
     g = start // GROUP + tl.arange(0, BLOCK_V // GROUP)[None, :]
     cols = start + tl.arange(0, BLOCK_V)[None, :]
-    a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
+    a = _row_tile(base + cols, valid[:, None] & (cols < hi), EVICT_FIRST)
     tile_max = tl.max(a, axis=1)
     best = tl.where(tile_max > m, start, best)  # strict: the first tile holding the max
     new_m = tl.maximum(m, tile_max)
@@ -248,7 +261,7 @@ def _stats_kernel(
         need_arg = valid  # the fault fills a rejected slot with the row's argmax, sampled rows too
     _split_stats(
         logits, stride, width, rows, valid, need_arg, scale, split, split_len, out_m, out_s, out_arg, out_nan, g_sum, g_tile,
-        NSPLIT, BLOCK_R, BLOCK_V, FAULT, GROUP,
+        NSPLIT, BLOCK_R, BLOCK_V, FAULT, GROUP, False,
     )  # fmt: skip
 
 
@@ -256,12 +269,13 @@ def _stats_kernel(
 def _split_stats(
     logits, stride, width, rows, valid, need_arg, scale, split, split_len, out_m, out_s, out_arg, out_nan, g_sum, g_tile,
     NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, FAULT: tl.constexpr, GROUP: tl.constexpr,
+    EVICT_FIRST: tl.constexpr,
 ):  # fmt: skip
     """One split of the given rows (one per lane; ``scale`` log2(e) / T): the tile loop of
     ``_stats_step``, the argmax of the rows ``need_arg`` selects (``_split_argmax``), then
     final statistics (one split) or the split's partials; with ``GROUP`` > 0 also each tile's
-    group sums (``_grouped_stats_step``: a target row's, for residual candidates).
-    ``_stats_kernel`` and the fused statistics kernel."""
+    group sums (``_grouped_stats_step``: a target row's, for residual candidates); the tiles
+    loaded with ``EVICT_FIRST`` (``_row_tile``). ``_stats_kernel`` and the fused statistics kernel."""
     lo = split * split_len
     hi = tl.minimum(lo + split_len, width)
     full = lo + (hi - lo) // BLOCK_V * BLOCK_V
@@ -271,15 +285,17 @@ def _split_stats(
     best = tl.zeros([BLOCK_R], tl.int32) + lo
     if GROUP > 0:
         for start in range(lo, hi, BLOCK_V):
-            m, s, best = _grouped_stats_step(base, rows, valid, start, hi, width, m, s, best, scale, g_sum, g_tile, BLOCK_V, GROUP)
+            m, s, best = _grouped_stats_step(
+                base, rows, valid, start, hi, width, m, s, best, scale, g_sum, g_tile, BLOCK_V, GROUP, EVICT_FIRST
+            )
     else:
         for start in range(lo, full, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)[None, :]
-            a = tl.load(base + cols, mask=valid[:, None], other=float("-inf")).to(tl.float32)
+            a = _row_tile(base + cols, valid[:, None], EVICT_FIRST)
             m, s, best = _stats_step(a, m, s, best, start, scale, FAULT)
         if full < hi:
             cols = full + tl.arange(0, BLOCK_V)[None, :]
-            a = tl.load(base + cols, mask=valid[:, None] & (cols < hi), other=float("-inf")).to(tl.float32)
+            a = _row_tile(base + cols, valid[:, None] & (cols < hi), EVICT_FIRST)
             m, s, best = _stats_step(a, m, s, best, full, scale, FAULT)
     arg = _split_argmax(base, best, hi, m, need_arg, BLOCK_V, FAULT)
     nan = (s != s).to(tl.int32)
