@@ -128,13 +128,8 @@ TUNABLE = (
 )
 # Allowed values, where not [1, inf): 0 picks in a kernel of its own at every batch size; register
 # caps from 32 (a sanity bound: the statistics kernel already spills at 40) to 255 (ptxas's most);
-# 0 draft counts for evict_first (MAX 0: never).
-_RANGES = {
-    "_PICK_IN_MASS_MAX_BLOCKS": (0, None),
-    "_STATS_MAX_REGISTERS": (32, 255),
-    "_STATS_EVICT_FIRST_MIN_DRAFTS": (0, None),
-    "_STATS_EVICT_FIRST_MAX_DRAFTS": (0, None),
-}
+# 0 as the most draft rows loaded evict_first: never.
+_RANGES = {"_PICK_IN_MASS_MAX_BLOCKS": (0, None), "_STATS_MAX_REGISTERS": (32, 255), "_STATS_EVICT_FIRST_MAX_DRAFTS": (0, None)}
 
 
 def set_constants(spec: str) -> dict:

@@ -217,21 +217,25 @@ def test_statistics_tiles_evict_first_between_its_draft_counts(b, k, told):
 
 
 def test_evict_first_reaches_the_statistics_loads():
-    """Compiled for sm_90, the statistics kernel told ``EVICT_FIRST`` loads its tiles with an L2
-    evict_first hint (``createpolicy ... L2::evict_first`` and ``L2::cache_hint`` loads), and the
-    kernel not told loads none that way."""
-    hinted = _compiled_in_child(["evict-first-hints"])
-    assert hinted["told"] > 0 and hinted["not told"] == 0, hinted
+    """Compiled for sm_90, the statistics kernel told ``EVICT_FIRST`` loads every tile with an L2
+    evict_first hint (``createpolicy ... L2::evict_first`` and ``L2::cache_hint`` vector loads):
+    as many as the kernel not told loads plainly, and none plainly itself."""
+    loads = _compiled_in_child(["evict-first-hints"])
+    assert loads["not told"]["plain"] > 0 and loads["not told"]["hinted"] == 0, loads
+    assert loads["told"] == {"hinted": loads["not told"]["plain"], "plain": 0}, loads
 
 
 def _evict_first_hints() -> dict:
-    """Loads with an L2 cache hint in the sm_90 statistics kernel of a batch told ``EVICT_FIRST``
-    (B = 64, K = 1) and of one not told (B = 600, K = 1), at V = 65536 (group sums on)."""
+    """Vector loads with an L2 evict_first policy (``hinted``) and without a cache hint
+    (``plain``) in the sm_90 statistics kernel of a batch told ``EVICT_FIRST`` (B = 64, K = 1) and
+    of one not told (B = 513, K = 1), at V = 65536 (the smallest with group sums)."""
     counts = {}
-    for name, b in (("told", 64), ("not told", 600)):
+    for name, b in (("told", 64), ("not told", 513)):
         fn, args, options = cuda_launches(b, 1, 65536, True, has_strict=False, has_block=False)[0]
         ptx = compile_sm90(fn, args, options.get("num_warps", 4), options.get("maxnreg")).asm["ptx"]
-        counts[name] = len(re.findall(r"ld\.global\S*L2::cache_hint", ptx)) if "L2::evict_first" in ptx else 0
+        vector_loads = re.findall(r"ld\.global\S*\.v[24]\.\S+", ptx)
+        hinted = sum("L2::cache_hint" in load for load in vector_loads) if "L2::evict_first" in ptx else 0
+        counts[name] = {"hinted": hinted, "plain": sum("L2::cache_hint" not in load for load in vector_loads)}
     return counts
 
 

@@ -824,14 +824,15 @@ _STATS_MAX_REGISTERS = 48
 # mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 (benchmarks/RESULTS.md,
 # issue 3, session 16). The tokens are the same either way.
 _PICK_IN_MASS_MAX_BLOCKS = 8
-# Between these draft counts (a call's B K) the statistics kernel loads its tiles ``evict_first``
-# (``_row_tile``): its rows are read once, so their lines go before the lines L2 held. On an H200,
-# with do_bench's flush (L2 left full of dirty lines), the call took 0.5-3.9 us less at B = 64-256
-# (B = 256, K = 1, V = 131072: 98.8-98.9 -> 97.2-97.5 us), mostly because those lines were no
-# longer written back during it; 0.6 us more at B = 1, K = 8 (the chain and the candidates read
-# lines of its rows again) and 0.5-8.8 us more at B K = 1024 (B = 1024, K = 1 and 4; B = 256,
-# K = 4). With clean lines in L2 it took 0.5-0.8 us less at B = 256, K = 1 and 12 us less at
-# B K = 1024 (benchmarks/RESULTS.md, issue 3, session 43). A hint only: the outputs are the same.
+# Between these counts of a call's draft rows (B K where every request has K) the statistics kernel
+# loads its tiles ``evict_first`` (``_row_tile``): its rows are read once, so their lines go before
+# the lines L2 held. On an H200, with do_bench's flush (L2 left full of dirty lines), the call took
+# 0.5-3.9 us less at 64-512 draft rows (B = 256, K = 1, V = 131072: 98.8-98.9 -> 97.2-97.5 us),
+# mostly because those lines were no longer written back during it; B = 16, K = 1 was level. It
+# took 0.6 us more at B = 1, K = 8 (the chain and the candidates read lines of its rows again) and
+# 0.5-8.8 us more at 1024 draft rows and more (B = 1024, K = 1 and 4; B = 256, K = 4). With clean
+# lines in L2 it took 0.5-0.9 us less at B = 256, K = 1 and 12 us less at B = 1024, K = 1 and
+# B = 256, K = 4 (benchmarks/RESULTS.md, issue 3, session 43). A hint only: the outputs are the same.
 _STATS_EVICT_FIRST_MIN_DRAFTS = 16
 _STATS_EVICT_FIRST_MAX_DRAFTS = 512
 
