@@ -11,6 +11,9 @@ vLLM 0.19's API (strict / probabilistic / scalar synthetic) runs from a side-by-
 python-only tree in a subprocess (one vLLM per process): ``vendor/vllm-0.19.1`` or
 ``SPECDEC_VLLM_019_SRC``, built by ``python scripts/build_vllm_tree.py --version 0.19.1
 --no-wheelhouse``.
+
+How the adapters decide each convention of vLLM's, and the tests that break each one:
+``docs/adapter-contracts.md`` and ``suites/test_adapter_contracts.py``.
 """
 
 import ast

@@ -3,8 +3,13 @@
 vLLM is not a dependency of the suite: its rejection samplers are pure Python + Triton, so
 the suite installs the wheel with ``--no-deps`` plus the import closure of those modules
 (``requirements-vllm.txt``), or puts a python-only source tree on ``sys.path``
-(``scripts/build_vllm_tree.py``, ``--vllm-src PATH`` / ``SPECDEC_VLLM_SRC``). Nothing here
-reads version strings: which API exists is found by introspection.
+(``scripts/build_vllm_tree.py``, ``--vllm-src PATH`` / ``SPECDEC_VLLM_SRC``).
+
+Adapters bind to vLLM through its declared contract only: which API exists and what it takes
+come from ``inspect.signature``; what a signature cannot say (whether a kernel divides its
+inputs by the temperature, say) comes from the release (``version()``). Never from running
+the code under test: an adapter that adapts to it hides the regressions it exists to catch
+(``docs/adapter-contracts.md``).
 
 ``prepare()`` (idempotent, called by the backends before the first vLLM import):
 
@@ -29,6 +34,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import types
 from pathlib import Path
@@ -160,6 +166,35 @@ def import_vllm(module: str):
 
 def api_changed(what: str) -> RuntimeError:
     return RuntimeError(f"vLLM API changed: {what}")
+
+
+def version():
+    """The imported vLLM's release (``packaging.version.Version``), or None when it declares
+    none: ``vllm.__version__`` (``_version.py``, written by the wheel build), else the
+    ``vllm-X.dist-info/METADATA`` beside the imported package (a tree from
+    ``scripts/build_vllm_tree.py --git`` has no ``_version.py``)."""
+    vllm = import_vllm("vllm")
+    candidates = [getattr(vllm, "__version__", None)]
+    for meta in sorted(Path(vllm.__file__).resolve().parent.parent.glob("vllm-*.dist-info/METADATA")):
+        found = re.search(r"^Version: *(\S+)", meta.read_text(errors="replace"), re.M)
+        candidates.append(found and found.group(1))
+    for text in candidates:
+        parsed = parse_version(text) if isinstance(text, str) else None
+        if parsed is not None:
+            return parsed
+    return None
+
+
+def parse_version(text: str):
+    """A PEP 440 version, or None ("dev": a checkout without ``_version.py``). ``git describe``
+    output (``0.33.0-57-gabc``) reads as a post-release of its tag: that many commits after it."""
+    from packaging.version import InvalidVersion, Version
+
+    text = re.sub(r"^v?(\d+(?:\.\d+)*)-(\d+)-g[0-9a-f]+$", r"\1.post\2", text.strip())
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
 
 
 def parameters(fn) -> list[str]:

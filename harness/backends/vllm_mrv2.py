@@ -1,14 +1,17 @@
 """vLLM Model Runner V2's rejection sampler behind the protocol (``vllm-mrv2``).
 
-Calls vLLM's own functions, found by introspection:
+Calls vLLM's own functions; which ones, and what they take, comes from vLLM's declared
+contract (``docs/adapter-contracts.md``), never from running them:
 
-* current API (0.2x .. 0.33.0): ``vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils.
+* 0.22 .. 0.33 API: ``vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils.
   rejection_sample``: standard (with draft logits or one-hot), greedy (T = 0), synthetic
-  (``synthetic_conditional_rates``) and block (``use_block_verification=True``);
+  (``synthetic_conditional_rates``) and block (``use_block_verification``, from 0.25);
 * 0.19 API: ``rejection_sampler.strict_rejection_sample`` / ``probabilistic_rejection_sample``
   and ``synthetic_rejection_sampler_utils.synthetic_rejection_sample(base_acceptance_rate,
   decay_factor)``; their target tokens come from vLLM's own ``gumbel_sample``, as the
-  engine's sampler would produce them.
+  engine's sampler would produce them;
+* 0.20 .. 0.21 (``probabilistic_rejection_sampler_utils``) and anything else: the
+  api-drift error ("vLLM API changed").
 
 Translation of a ``VerifyBatch`` (vLLM's production layout, see the vLLM notes):
 
@@ -18,20 +21,31 @@ Translation of a ``VerifyBatch`` (vLLM's production layout, see the vLLM notes):
 * request-state slots are the batch's ``request_slots`` (else a reversed permutation), with
   unused slots poisoned with NaN, so reading ``req_idx`` where ``req_state_idx`` is meant (or
   a wrong draft step) shows up;
-* target logits are passed temperature-processed (vLLM's sampler divides before calling);
-  draft logits go into the ``[max_num_reqs, K, V_draft]`` cache raw when the kernels divide
-  by the temperature (0.33.0, #50910), or divided when they do not (0.19 / 0.20): a one-off
-  probe call tells which;
+* target logits are passed temperature-processed (vLLM's sampler divides before calling, in
+  every release);
+* draft logits go into the ``[max_num_reqs, K, V_draft]`` cache as the release's drafter
+  writes it: raw, in the logits' dtype, from 0.28.0 (#50910: the kernels divide on load),
+  divided by T in fp32 up to 0.27.1. The release says which (``DRAFT_LOGITS_RAW``), and so
+  does the signature of the drafter's ``gumbel_sample`` (``logits_cache`` against
+  ``output_processed_logits`` / ``processed_logits_out``); when both speak they must agree.
+  A kernel that divides when its release says it does not (or the reverse) then fails the
+  statistical checks: nothing here adapts to it;
+* up to 0.24 the kernels read the draft cache at the target's width, so a narrower draft
+  vocabulary is padded with -inf; from 0.25 they cut the target to the cache's width
+  (``TRUNCATES_TARGET``);
 * vLLM leaves the outputs past ``num_sampled`` uninitialised: they are set to -1 here.
 
 What one vLLM call cannot express is reported by ``supports(batch)`` (the runner then skips
 the check): a batch mixing methods, strict verification (gone after 0.19), per-request
-synthetic rates, and a draft vocabulary narrower than the target's while the target gives
-mass to the missing ids (vLLM MRV2 then truncates the target to the draft's width, a
+synthetic rates, and from 0.25 a draft vocabulary narrower than the target's while the target
+gives mass to the missing ids (vLLM MRV2 then truncates the target to the draft's width, a
 documented convention; see ``reference``).
 """
 
+from dataclasses import dataclass
+
 import numpy as np
+from packaging.version import Version
 
 from harness.backends import rows, vllm_env
 from harness.backends.memo import LogitsMemo
@@ -42,10 +56,62 @@ _UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
 _LEGACY = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
 _LEGACY_SYNTHETIC = "vllm.v1.worker.gpu.spec_decode.synthetic_rejection_sampler_utils"
 _GUMBEL = "vllm.v1.worker.gpu.sample.gumbel"
+_PROBABILISTIC_020 = "vllm.v1.worker.gpu.spec_decode.probabilistic_rejection_sampler_utils"
 _CORE_ARGS = [
     "target_logits", "draft_logits", "draft_sampled", "cu_num_logits", "pos", "idx_mapping",
     "expanded_idx_mapping", "expanded_local_pos", "temperature", "seed", "num_speculative_steps",
 ]  # fmt: skip
+_SYNTHETIC_019_ARGS = [
+    "target_sampled", "draft_sampled", "cu_num_logits", "pos", "idx_mapping", "seed", "base_acceptance_rate", "decay_factor",
+]  # fmt: skip
+# gumbel_sample's draft-cache argument names what the drafter caches: True raw, False divided by T.
+_DRAFT_CACHE_ARGS = {"logits_cache": True, "output_processed_logits": False, "processed_logits_out": False}
+
+
+@dataclass(frozen=True)
+class ReleaseBoundary:
+    """A convention that no signature shows, by release: absent up to ``last_without``,
+    present from ``first_with``. A version between the two (a dev build of the next
+    release) does not say."""
+
+    what: str
+    last_without: str
+    first_with: str
+
+    def holds(self, version: Version | None) -> bool | None:
+        if version is None:
+            return None
+        if version >= Version(self.first_with):
+            return True
+        return False if version <= Version(self.last_without) else None
+
+
+DRAFT_LOGITS_RAW = ReleaseBoundary(
+    "the drafter caches raw draft logits and the kernels divide them by the temperature on load (#50910)", "0.27.1", "0.28.0"
+)
+TRUNCATES_TARGET = ReleaseBoundary(
+    "rejection_sample cuts the target to the draft cache's width (vocab_size = min(V, V_draft))", "0.24.0", "0.25.0"
+)
+
+
+def draft_logits_raw(version: Version | None, gumbel_params) -> bool:
+    """Whether this vLLM's kernels take raw draft logits (True) or divided ones (False), from
+    its release and the signature of the drafter's ``gumbel_sample``; api-drift when the
+    signature matches no known contract or the two disagree."""
+    named = {_DRAFT_CACHE_ARGS[p] for p in gumbel_params if p in _DRAFT_CACHE_ARGS}
+    if len(named) != 1:
+        raise vllm_env.api_changed(
+            f"{_GUMBEL}.gumbel_sample names no known draft-logits cache "
+            f"({' / '.join(_DRAFT_CACHE_ARGS)}; it has {list(gumbel_params)}): what the MRV2 kernels expect in draft_logits is unknown"
+        )
+    raw = named.pop()
+    by_release = DRAFT_LOGITS_RAW.holds(version)
+    if by_release is not None and by_release != raw:
+        raise vllm_env.api_changed(
+            f"vLLM {version} is {'at or after' if by_release else 'before'} {DRAFT_LOGITS_RAW.first_with} "
+            f"({DRAFT_LOGITS_RAW.what}), but its gumbel_sample caches {'raw' if raw else 'divided'} logits"
+        )
+    return raw
 
 
 def _optional_module(name: str):
@@ -61,21 +127,35 @@ def _optional_module(name: str):
 
 def _discover():
     vllm_env.import_vllm("vllm")
+    version = vllm_env.version()
+    gumbel = vllm_env.import_vllm(_GUMBEL)
+    gumbel_params = vllm_env.parameters(gumbel.gumbel_sample)
     utils = _optional_module(_UTILS)
     if utils is not None and hasattr(utils, "rejection_sample"):
         vllm_env.require_parameters(utils.rejection_sample, _CORE_ARGS, f"{_UTILS}.rejection_sample")
+        raw = draft_logits_raw(version, gumbel_params)
         vllm_env.triton_ready()
-        return _CurrentApi(utils.rejection_sample)
+        return _CurrentApi(utils.rejection_sample, version, raw, TRUNCATES_TARGET.holds(version))
+    if _optional_module(_PROBABILISTIC_020) is not None:
+        raise vllm_env.api_changed(
+            f"{_PROBABILISTIC_020} is vLLM 0.20-0.21's MRV2 API, which this adapter does not bind "
+            f"(it binds {_UTILS}.rejection_sample, 0.22-0.33, and 0.19's {_LEGACY})"
+        )
     legacy = _optional_module(_LEGACY)
     if legacy is not None and hasattr(legacy, "probabilistic_rejection_sample") and hasattr(legacy, "strict_rejection_sample"):
         synthetic = _optional_module(_LEGACY_SYNTHETIC)
-        gumbel = vllm_env.import_vllm(_GUMBEL)
         vllm_env.require_parameters(legacy.probabilistic_rejection_sample, _CORE_ARGS, f"{_LEGACY}.probabilistic_rejection_sample")
         vllm_env.require_parameters(gumbel.gumbel_sample, ["logits", "apply_temperature"], f"{_GUMBEL}.gumbel_sample")
+        if synthetic is not None:
+            vllm_env.require_parameters(
+                synthetic.synthetic_rejection_sample, _SYNTHETIC_019_ARGS, f"{_LEGACY_SYNTHETIC}.synthetic_rejection_sample"
+            )
+        if draft_logits_raw(version, gumbel_params):
+            raise vllm_env.api_changed(f"vLLM {version}'s 0.19-style MRV2 API with a raw draft-logits cache is no known contract")
         vllm_env.triton_ready()
         return _LegacyApi(legacy, synthetic, gumbel.gumbel_sample)
     raise vllm_env.api_changed(
-        f"no MRV2 rejection sampler found: neither {_UTILS}.rejection_sample (0.2x-0.33) "
+        f"no MRV2 rejection sampler found: neither {_UTILS}.rejection_sample (0.22-0.33) "
         f"nor {_LEGACY}.strict_rejection_sample/probabilistic_rejection_sample (0.19)"
     )
 
@@ -226,16 +306,18 @@ def _target_beyond_draft_vocab(batch) -> bool:
     return bool((beyond > float("-inf")).any())  # a finite logit (+inf is invalid input): mass the draft cannot propose
 
 
-# --- current API (0.2x .. 0.33.0) -------------------------------------------------------------
+# --- 0.22 .. 0.33 API ----------------------------------------------------------------------
 class _CurrentApi:
-    description = f"{_UTILS}.rejection_sample"
-
-    def __init__(self, fn):
+    def __init__(self, fn, version: Version | None, draft_raw: bool, truncates: bool | None):
         self.fn = fn
         self.params = vllm_env.parameters(fn)
+        self.version = version
+        self.draft_raw = draft_raw  # the cache holds raw logits, the kernels divide (DRAFT_LOGITS_RAW)
+        self.truncates = truncates  # the kernels cut the target to the cache's width; None: unknown (TRUNCATES_TARGET)
         self.use_fp64 = False
         self.memo = LogitsMemo()  # logits-derived tensors, reused across a device batch's chunks
-        self._divides_draft = None  # do the kernels divide draft logits by T? (probed once)
+        cache = "raw draft logits, divided by T in the kernels" if draft_raw else "draft logits divided by T"
+        self.description = f"{_UTILS}.rejection_sample (vLLM {version or 'of undeclared version'}: {cache})"
 
     def supports(self, batch) -> str | None:
         method = _single_method(batch)
@@ -250,7 +332,13 @@ class _CurrentApi:
                 return "this vLLM's rejection_sample has no synthetic_conditional_rates"
             if _uniform_rates(batch) is None:
                 return "per-request synthetic rates (vLLM MRV2 takes one rate vector per batch)"
-        if _target_beyond_draft_vocab(batch):
+        narrow = batch.draft_logits is not None and batch.draft_logits.shape[1] < batch.vocab_size
+        if narrow and self.truncates is None:
+            return (
+                f"draft vocabulary narrower than the target's, and vLLM {self.version or '(no version)'} does not say whether "
+                f"{TRUNCATES_TARGET.what} (absent up to {TRUNCATES_TARGET.last_without}, present from {TRUNCATES_TARGET.first_with})"
+            )
+        if self.truncates and _target_beyond_draft_vocab(batch):
             return "draft vocabulary narrower than the target's with target mass on the missing ids (vLLM MRV2 truncates the target)"
         return None
 
@@ -269,7 +357,9 @@ class _CurrentApi:
             kwargs["use_fp64"] = True
         draft = None
         if batch.draft_logits is not None:
-            draft = lay.draft_cache(batch, divide=not self._kernel_divides_draft(device))
+            # Before the cut to the cache's width, the kernels read the cache at the target's width.
+            width = None if self.truncates else batch.vocab_size
+            draft = lay.draft_cache(batch, divide=not self.draft_raw, width=width)
         with torch.no_grad():
             sampled, num_sampled = self.fn(
                 lay.target_logits(processed=True), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
@@ -277,25 +367,6 @@ class _CurrentApi:
                 **kwargs,
             )  # fmt: skip
         return lay.outputs(sampled, num_sampled)
-
-    def _kernel_divides_draft(self, device: str) -> bool:
-        """Probe: a draft token with draft probability ~2e-9 after dividing its raw logits by
-        T = 0.05, but 0.27 before, against a target probability of 1e-6. Dividing kernels
-        accept it (target >= draft); the others reject it with probability 1 - 4e-6."""
-        if self._divides_draft is None:
-            import torch
-
-            def t(x, dtype):
-                return torch.tensor(x, dtype=dtype, device=device)
-
-            target = t([[0.0, float(np.log(1e-6))], [0.0, 0.0]], torch.float32)  # processed: p = (1 - 1e-6, 1e-6)
-            draft = t([[[0.0, -1.0]]], torch.float32)
-            sampled, num_sampled = self.fn(
-                target, draft, t([0, 1], torch.int64), t([0, 2], torch.int32), t([7, 8], torch.int64), t([0], torch.int32),
-                t([0, 0], torch.int32), t([0, 1], torch.int32), t([0.05], torch.float32), t([12345], torch.int64), 1,
-            )  # fmt: skip
-            self._divides_draft = int(num_sampled[0]) == 2
-        return self._divides_draft
 
 
 # --- 0.19 API ---------------------------------------------------------------------------------

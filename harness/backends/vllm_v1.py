@@ -29,6 +29,14 @@ bonus position). Checks on the bonus token therefore test that draw plus V1's bo
 
 ``supports(batch)`` names what V1 cannot express: strict and block verification, batches
 mixing methods, per-request synthetic rates, and synthetic mode in versions without it.
+
+**Contract** (``docs/adapter-contracts.md``): the same in every release from 0.19 to 0.33, so
+nothing here depends on the version: ``rejection_sample``'s parameters (checked by
+``inspect.signature``; ``synthetic_mode`` and ``use_fp64_gumbel`` are used where the signature
+has them), target logits divided by T by the caller (``apply_sampling_constraints``), draft
+probabilities after temperature ("probability distribution for the draft tokens"), and the
+module's ``GREEDY_TEMPERATURE = 0`` and ``PLACEHOLDER_TOKEN_ID = -1`` (greedy requests are
+passed T = 0; unfilled output slots read -1). A release declaring other values is api-drift.
 """
 
 import dataclasses
@@ -48,6 +56,7 @@ _ARGS = [
     "target_logits", "bonus_token_ids", "sampling_metadata",
 ]  # fmt: skip
 _READ_FIELDS = ("temperature", "all_greedy", "all_random", "generators")  # all rejection_sample reads
+_CONSTANTS = {"GREEDY_TEMPERATURE": 0, "PLACEHOLDER_TOKEN_ID": -1}  # the values this adapter writes and reads
 
 
 def _discover():
@@ -57,6 +66,11 @@ def _discover():
     if fn is None:
         raise vllm_env.api_changed(f"{_MODULE} has no rejection_sample")
     params = vllm_env.require_parameters(fn, _ARGS, f"{_MODULE}.rejection_sample")
+    for name, expected in _CONSTANTS.items():
+        value = getattr(module, name, None)
+        value = getattr(value, "value", value)  # a tl.constexpr
+        if value != expected:
+            raise vllm_env.api_changed(f"{_MODULE}.{name} is {value!r}, not {expected!r}")
     metadata = vllm_env.import_vllm(_METADATA).SamplingMetadata
     names = {f.name for f in dataclasses.fields(metadata)}
     if not set(_READ_FIELDS) <= names:
