@@ -7,14 +7,17 @@ tile-boundary vocabulary (``Profile.boundary_vocab``). Deterministic in (profile
 the same seed always gives the same scenarios.
 """
 
+import difflib
+
 from harness.profiles import Profile
-from harness.scenarios import RequestSpec, Scenario
+from harness.scenarios import RequestSpec, Scenario, check_seed
 from reference.rng import hash64
 
 R = RequestSpec
 
 
 def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
+    check_seed(seed)
     v, big = profile.vocab, profile.large_vocab
     specs = [
         # greedy: exact outcomes
@@ -143,4 +146,6 @@ def find(scenarios: list[Scenario], name: str) -> Scenario:
     for s in scenarios:
         if s.name == name:
             return s
-    raise ValueError(f"scenario: no scenario named {name!r} in this profile's catalog (see 'python -m harness scenarios')")
+    close = difflib.get_close_matches(name, [s.name for s in scenarios], n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"scenario: no scenario named {name!r} in this profile's catalog{hint} (see 'python -m harness scenarios')")

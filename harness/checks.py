@@ -259,7 +259,25 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
             checks.append(_gof("position-law", i, steps, _step_label(d_eff, vocab), profile, _steps, seg, reach))
         if d_eff > 0:
             checks.append(_length_check(i, law.sum(axis=-1), profile))
-    return checks
+    return [c if c.name == "structure" else _needs_trials(c) for c in checks]
+
+
+def _needs_trials(check: Check) -> Check:
+    """``check`` not evaluated (never passed) when no valid trial reached it: a test of zero
+    observations has p = 1 and would pass whatever the backend emitted."""
+    inner = check.evaluate
+
+    def evaluate(tally: TemplateTally, rng) -> Verdict:
+        verdict = inner(tally, rng)
+        if verdict.passed is None or verdict.trials > 0:
+            return verdict
+        why = "not evaluated: no valid trial reached this check"
+        if tally.violations:
+            why += f" ({tally.violations} of {tally.trials} trials malformed, see structure)"
+        return Verdict("skipped", None, None, None, None, 0.0, 0, float("nan"), None, None, why)
+
+    check.evaluate = evaluate
+    return check
 
 
 def _structure_check(i, profile) -> Check:

@@ -1,18 +1,26 @@
 """``python -m harness {run,backends,scenarios,power}``.
 
 Exit codes: 0 every check passed, 1 a check failed or a backend errored, 2 usage or
-setup error (one line on stderr saying what was wrong).
+setup error (one line on stderr saying what was wrong; also when a finished run's outputs
+could not be written, after its summary and verdict are printed), 3 a backend had no
+check evaluated (every check skipped or errored: it was verified on nothing).
 """
 
 import argparse
 import dataclasses
+import difflib
 import os
+import shlex
 import sys
 
 from harness.device import configure_triton
 from harness.history import HistoryError
+from harness.records import check_output_folder
 
 configure_triton()  # before any backend module defines a @triton.jit kernel
+
+
+EXIT_UNVERIFIED = 3
 
 
 class UsageError(Exception):
@@ -46,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout",
         type=float,
         default=900.0,
-        help="seconds a backend may spend on one scenario before its worker is killed (default: 900)",
+        help="seconds a backend may spend loading, or on one scenario, before its worker is killed; after a timeout its other scenarios are not sampled (default: 900)",
     )
     r.add_argument(
         "--gpus", type=int, default=1, help="spread each backend's scenarios over this many GPUs, one worker per GPU (default: 1)"
@@ -56,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="build the drift page from a history")
     rp.add_argument("--history", required=True, help="history file written by 'run --history'")
     rp.add_argument("--out", required=True, help="HTML file to write")
+    hi = sub.add_parser("history", help="append a run written earlier by 'run' to a history")
+    his = hi.add_subparsers(dest="history_command", required=True, metavar="append")
+    ha = his.add_parser("append", help="append a run's results.json (e.g. one whose history write failed) to a history")
+    ha.add_argument("results", help="results.json written by 'run', or the folder 'run --out' wrote it in")
+    ha.add_argument("--history", required=True, help="history file (SQLite) to append to; created if missing")
+    ha.add_argument("--label", help="a label for this run in the history (e.g. 'vllm main abc123')")
     f = sub.add_parser("faults", help="detection matrix: every planted fault x check family")
     f.add_argument("--profile", default="ci")
     f.add_argument("--seed", type=int, default=0)
@@ -95,10 +109,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    import signal
+    import threading
+
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse already printed its one-line reason
         return 0 if e.code == 0 else 2
+    ending = (signal.SIGINT, signal.SIGTERM)
+    handlers = {s: signal.getsignal(s) for s in ending} if threading.current_thread() is threading.main_thread() else {}
+    terminated = []
+
+    def terminate(signum, frame):  # SIGTERM ends a command as Ctrl-C does
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    if handlers and handlers[signal.SIGTERM] is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, terminate)
     try:
         commands = {
             "run": _run,
@@ -106,6 +133,7 @@ def main(argv=None) -> int:
             "calibrate": _calibrate,
             "peers": _peers,
             "report": _report,
+            "history": _history,
             "backends": _backends,
             "scenarios": _scenarios,
             "power": _power,
@@ -114,28 +142,48 @@ def main(argv=None) -> int:
     except (UsageError, ValueError, OSError, HistoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        from harness.worker import end_workers
+
+        for s in handlers:  # a second signal must not interrupt the cleanup with a traceback
+            signal.signal(s, signal.SIG_IGN)
+        end_workers()  # every worker's process group: a backend's own children too
+        name = "SIGTERM" if terminated else "SIGINT"
+        print(f"interrupted ({name}): no results written", file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+    finally:
+        for s, handler in handlers.items():
+            if handler is not None:  # None: not set from Python, nothing to restore
+                signal.signal(s, handler)
 
 
 def _select_scenarios(args, profile):
     from harness.catalog import catalog, find
-    from harness.scenarios import Scenario
+    from harness.scenarios import read_scenario_file
 
     scenarios = catalog(profile, args.seed)
     if not args.scenario:
         return scenarios, {}
-    chosen, refs = [], {}
+    chosen, refs, given = [], {}, {}
     for item in args.scenario:
         if item.endswith(".json") or os.path.sep in item:
             try:
-                with open(item) as f:
-                    chosen.append(Scenario.from_json(f.read()))
-                refs[chosen[-1].name] = item
+                scenario = read_scenario_file(item)
             except FileNotFoundError:
                 raise UsageError(f"--scenario: no such file {item!r}") from None
+            except OSError as e:
+                raise UsageError(f"--scenario {item}: {e.strerror or e}") from None
             except ValueError as e:
                 raise UsageError(f"--scenario {item}: {e}") from None
+            refs[scenario.name] = item
         else:
-            chosen.append(find(scenarios, item))
+            scenario = find(scenarios, item)
+        # Results and output files are keyed by name (case-blind on some file systems): two would be one.
+        key = scenario.name.lower()
+        if key in given:
+            raise UsageError(f"--scenario {item}: a scenario named {scenario.name!r} is already selected (--scenario {given[key]})")
+        given[key] = item
+        chosen.append(scenario)
     return chosen, refs
 
 
@@ -144,6 +192,7 @@ def _run(args) -> int:
     from harness.profiles import get_profile
     from harness.report import summary_table, write_outputs
     from harness.runner import run
+    from harness.scenarios import check_seed
 
     profile = get_profile(args.profile)
     if args.alpha is not None:
@@ -152,12 +201,15 @@ def _run(args) -> int:
         profile = dataclasses.replace(profile, alpha=args.alpha)
     if args.device == "cuda" and not cuda_available():
         raise UsageError("--device cuda: no CUDA device is available on this machine")
-    if args.seed < 0:
-        raise UsageError("--seed: expected a non-negative integer")
+    check_seed(args.seed, "--seed")
+    if not 0 < args.timeout < float("inf"):  # NaN too: a worker could never be timed out, or always would be
+        raise UsageError(f"--timeout: expected a positive, finite number of seconds, got {args.timeout}")
     scenarios, refs = _select_scenarios(args, profile)
     for name in args.exclude or ():
         if name not in {s.name for s in scenarios}:
-            raise UsageError(f"--exclude: no scenario named {name!r} in this run")
+            close = difflib.get_close_matches(name, [s.name for s in scenarios], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"--exclude: no scenario named {name!r} in this run{hint}")
         scenarios = [s for s in scenarios if s.name != name]
     if args.vllm_src:
         from harness.backends.vllm_env import use_source_tree
@@ -169,23 +221,60 @@ def _run(args) -> int:
     if args.gpus > 1 and (args.in_process or args.device == "cpu"):
         raise UsageError("--gpus > 1 needs --device cuda and worker processes (drop --in-process)")
     backends = args.backend or ["reference"]
+    from harness.backends import check_backend_name
+
+    for name in backends:
+        check_backend_name(name)
+        source = name.partition("@")[2]
+        if source and not os.path.isdir(source):
+            raise UsageError(f"--backend {name}: no source tree folder {source!r}")
+    # Everything a run will write to is checked before it samples: nothing is thrown away.
+    check_output_folder(args.out)
+    if args.history:
+        from harness.history import check_history
+
+        check_history(args.history)
     progress, close = _progress(len(backends) * len(scenarios), disabled=args.no_progress)
     try:
         result = run(
             backends, scenarios, profile, args.seed, args.device, progress, refs,
-            isolate=not args.in_process, timeout=args.timeout, gpus=args.gpus,
+            isolate=not args.in_process, timeout=args.timeout, gpus=args.gpus, log_dir=args.out,
         )  # fmt: skip
     finally:
         close()
-    paths = write_outputs(result, args.out, argv=sys.argv)
     print(summary_table(result))
+    code, verdict = _verdict(result)
+    print(verdict)
+    try:
+        paths = write_outputs(result, args.out, argv=sys.argv)
+    except OSError as e:
+        print(f"error: the run's outputs could not be written to {args.out}: {e}", file=sys.stderr)
+        return 2
     print(f"results: {paths['results']}\nreport:  {paths['report']}")
     if args.history:
         from harness.history import append_run
 
-        run_id = append_run(args.history, paths["document"], args.label)
+        try:
+            run_id = append_run(args.history, paths["document"], args.label)
+        except (HistoryError, OSError) as e:
+            later = ["python", "-m", "harness", "history", "append", paths["results"], "--history", args.history]
+            later += ["--label", args.label] if args.label else []
+            print(f"error: {e}; add the run later: {shlex.join(later)}", file=sys.stderr)
+            return 2
         print(f"history: {args.history} (run {run_id})")
-    return 1 if result.failed else 0
+    return code
+
+
+def _verdict(result) -> tuple[int, str]:
+    """(exit code, one line): 1 a check failed or a backend errored, 3 some backend had no
+    check evaluated (nothing verified is no pass), else 0."""
+    counts = result.counts()
+    if result.failed:
+        return 1, f"verdict: FAIL ({counts['fail']} failed, {counts['error']} errors)"
+    unverified = result.unverified()
+    if unverified:
+        return EXIT_UNVERIFIED, f"verdict: NOTHING VERIFIED for {len(unverified)} backend(s): {unverified[0]}"
+    return 0, f"verdict: pass ({counts['pass']} checks passed, {counts['skipped']} skipped)"
 
 
 def _progress(total, disabled):
@@ -202,8 +291,10 @@ def _faults(args) -> int:
     from harness.device import cuda_available
     from harness.profiles import get_profile
     from harness.records import write_json_atomic, write_text_atomic
+    from harness.scenarios import check_seed
 
     profile = get_profile(args.profile)
+    check_seed(args.seed, "--seed")
     known = planted(args.backend)
     unknown = set(args.fault or ()) - set(known)
     if unknown:
@@ -267,8 +358,10 @@ def _peers(args) -> int:
     from harness.peers import compare, to_markdown
     from harness.profiles import get_profile
     from harness.records import write_json_atomic, write_text_atomic
+    from harness.scenarios import check_seed
 
     profile = get_profile(args.profile)
+    check_seed(args.seed, "--seed")
     unknown = set(args.fault or ()) - set(FAULTS)
     if unknown:
         raise UsageError(f"--fault: unknown fault(s) {sorted(unknown)}")
@@ -284,11 +377,22 @@ def _report(args) -> int:
     from harness.drift import render
     from harness.records import write_text_atomic
 
+    if os.path.realpath(args.out) == os.path.realpath(args.history):
+        raise UsageError("--out: that is the history itself; name the HTML file to write")
     text, data = render(args.history)
     write_text_atomic(args.out, text)
     print(
         f"drift page: {args.out} ({len(data['runs'])} runs, {len(data['regressions'])} regressions, {len(data['api_drift'])} API drift, {len(data['shifts'])} shifts)"
     )
+    return 0
+
+
+def _history(args) -> int:
+    from harness.history import append_run, read_run_document
+
+    doc = read_run_document(args.results)  # refused before the history is touched
+    run_id = append_run(args.history, doc, args.label)
+    print(f"history: {args.history} (run {run_id})")
     return 0
 
 
@@ -304,8 +408,10 @@ def _scenarios(args) -> int:
     from harness.catalog import catalog
     from harness.profiles import get_profile
     from harness.runner import planned_trials
+    from harness.scenarios import check_seed
 
     profile = get_profile(args.profile)
+    check_seed(args.seed, "--seed")
     print(f"profile {profile.name}: alpha={profile.alpha:g} power={profile.power} detects TV >= {profile.tv}")
     for s in catalog(profile, args.seed):
         _, planned, count = planned_trials(s, profile)

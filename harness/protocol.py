@@ -5,12 +5,16 @@ A backend is any object with
 * ``name: str``
 * ``sample(batch: VerifyBatch) -> tuple[tokens, num_emitted]``
 * optionally ``supports(batch) -> str | None``: ``None`` when it can run the batch, else a
-  one-line reason (a method it lacks, say); the runner reports that check as skipped.
+  non-empty one-line reason (a method it lacks, say); anything else is a protocol error.
+  The runner asks for a scenario's whole batch first; when that is declined, it asks for
+  each request template alone and verifies the templates accepted, reporting the others
+  (and why) as skipped.
 * optionally ``devices: tuple[str, ...]`` (default ``("cpu",)``).
 
 ``sample`` receives a ``VerifyBatch`` of NumPy arrays in the layout engines use and
-returns ``tokens`` ``[num_requests, max_drafts + 1]`` (integers) and ``num_emitted``
-``[num_requests]``: request ``r`` emitted ``tokens[r, :num_emitted[r]]`` — its accepted
+returns ``tokens`` ``[num_requests, max_drafts + 1]`` and ``num_emitted``
+``[num_requests]``, both integer arrays (a float, bool or string array is malformed output,
+counted as a structure failure naming its dtype): request ``r`` emitted ``tokens[r, :num_emitted[r]]`` — its accepted
 drafts, then one replacement or bonus token. Slots past ``num_emitted`` are never read
 (vLLM MRV2 leaves them uninitialised). Torch or CuPy tensors are accepted as returns;
 ``batch.to_torch(device)`` converts inputs for torch-based kernels.
@@ -187,7 +191,36 @@ def checked_outputs(result, num_requests: int, max_drafts: int):
     return tokens, emitted
 
 
+class MalformedOutputs(ValueError):
+    """A backend returned outputs of the right shapes that are not token ids (``reason``)."""
+
+
+# Integer dtypes whose every value converts to int64 unchanged (uint64 only where its values fit).
+_TORCH_INTEGERS = ("torch.int8", "torch.int16", "torch.int32", "torch.int64", "torch.uint8", "torch.uint16", "torch.uint32")
+
+
+def check_integer_outputs(tokens, emitted) -> None:
+    """Raise ``MalformedOutputs`` naming the array unless both are integer arrays whose
+    values fit int64: a float id truncated to an integer would otherwise pass."""
+    for name, x in (("tokens", tokens), ("num_emitted", emitted)):
+        dtype = getattr(x, "dtype", None)
+        if dtype is None or not hasattr(x, "shape"):
+            raise MalformedOutputs(f"{name}: {type(x).__name__}, expected an integer array")
+        if type(x).__module__.startswith("torch"):
+            if str(dtype) not in _TORCH_INTEGERS:
+                raise MalformedOutputs(f"{name}: dtype {dtype}, expected an integer array")
+            continue
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "iu":
+            raise MalformedOutputs(f"{name}: dtype {dtype}, expected an integer array")
+        if dtype == np.uint64 and x.size and int(x.max()) > np.iinfo(np.int64).max:
+            raise MalformedOutputs(f"{name}: value {int(x.max())} (uint64) is no token id or count")
+
+
 def as_numpy_outputs(result, num_requests: int, max_drafts: int) -> tuple[np.ndarray, np.ndarray]:
-    """A backend's return value as host int64 arrays, naming what is malformed."""
-    tokens, emitted = (np.asarray(x.cpu() if hasattr(x, "cpu") else x) for x in checked_outputs(result, num_requests, max_drafts))
-    return tokens.astype(np.int64), emitted.astype(np.int64)
+    """A backend's return value as host int64 arrays, naming what is malformed
+    (``ValueError`` for shapes, ``MalformedOutputs`` for values that are not integers)."""
+    tokens, emitted = (x.cpu() if hasattr(x, "cpu") else x for x in checked_outputs(result, num_requests, max_drafts))
+    tokens, emitted = (x if hasattr(x, "dtype") else np.asarray(x) for x in (tokens, emitted))
+    check_integer_outputs(tokens, emitted)
+    return np.asarray(tokens).astype(np.int64), np.asarray(emitted).astype(np.int64)

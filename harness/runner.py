@@ -10,6 +10,8 @@ never retried. Holm's step-down controls the family-wise false-alarm rate of the
 ``alpha`` would, and more, so each check's stated power still holds.
 """
 
+import importlib.util
+import os
 import shlex
 import shutil
 import tempfile
@@ -25,7 +27,7 @@ from harness import checks as checks_mod
 from harness.backends import load_backend
 from harness.device import gpu_sharers
 from harness.profiles import Profile, get_profile
-from harness.protocol import as_numpy_outputs, checked_outputs
+from harness.protocol import MalformedOutputs, as_numpy_outputs, check_integer_outputs, checked_outputs
 from harness.records import CheckRecord
 from harness.scenarios import Scenario, materialize, trials
 from harness.stats import holm
@@ -46,11 +48,15 @@ class RunResult:
     backend_seconds: dict = field(default_factory=dict)
     trials: dict = field(default_factory=dict)  # (backend, scenario) -> trials per template
     scenarios: dict = field(default_factory=dict)  # name -> scenario as JSON data
+    planned_checks: dict = field(default_factory=dict)  # scenario -> checks planned for it (each backend's share's denominator)
     backend_environments: dict = field(default_factory=dict)  # backend -> versions it loaded with (its worker's)
     plan_seconds: float = 0.0  # spent planning (laws and trial counts), in a background thread when pipelined
     evaluate_seconds: float = 0.0  # spent evaluating checks
     load_seconds: dict = field(default_factory=dict)  # backend -> seconds until its worker had loaded it
     sample_calls: dict = field(default_factory=dict)  # backend -> [(start, end)] of its sample calls (time_backend), monotonic clock
+    # backend -> scenarios where two calls on the same inputs emitted different tokens: its
+    # reproducers cannot reproduce those counts
+    unrepeatable: dict = field(default_factory=dict)
 
     @property
     def sample_call_seconds(self) -> dict:
@@ -67,16 +73,61 @@ class RunResult:
             out[r.verdict] += 1
         return out
 
+    def coverage(self) -> dict:
+        """backend -> how much of its planned checks was verified: ``planned`` (the catalog's
+        checks for the run's scenarios), ``evaluated`` (passed or failed), ``share``."""
+        planned = sum(self.planned_checks.values())
+        out = {}
+        for name in dict.fromkeys(r.backend for r in self.records):
+            evaluated = sum(1 for r in self.records if r.backend == name and r.verdict in ("pass", "fail"))
+            out[name] = {"planned": planned, "evaluated": evaluated, "share": evaluated / planned if planned else 0.0}
+        return out
+
+    def unverified(self) -> list[str]:
+        """One line for each backend for which no check was evaluated (all skipped or errors)."""
+        lines = []
+        for name, c in self.coverage().items():
+            if c["evaluated"] == 0:
+                mine = [r for r in self.records if r.backend == name]
+                first = next((r.message for r in mine if r.verdict in ("skipped", "error")), "no records")
+                first = first.splitlines()[0] if first else ""
+                lines.append(f"{name}: verified nothing: 0 of {c['planned']} checks ran (first reason: {first})")
+        return lines
+
 
 def reproducer(backend: str, profile: Profile, seed: int, scenario_ref: str, device: str) -> str:
-    """The one-line command that reruns a scenario (``scenario_ref``: catalog name or JSON file)."""
+    """The one-line command that reruns a scenario (``scenario_ref``: catalog name or JSON
+    file), with what the backend needed to load: the ``PYTHONPATH`` entry a dotted-path
+    backend was importable through, the vLLM source tree of the run."""
     cmd = ["python", "-m", "harness", "run", "--backend", backend, "--profile", profile.name]
     cmd += ["--seed", str(seed), "--scenario", scenario_ref]
     if profile.alpha != get_profile(profile.name).alpha:
         cmd += ["--alpha", repr(profile.alpha)]
     if device != "cpu":
         cmd += ["--device", device]
-    return shlex.join(cmd)
+    src = os.environ.get("SPECDEC_VLLM_SRC")
+    if src and backend.startswith("vllm-") and "@" not in backend:
+        cmd += ["--vllm-src", src]
+    root = _pythonpath_root(backend)
+    return shlex.join(cmd) if root is None else f"PYTHONPATH={shlex.quote(root)} {shlex.join(cmd)}"
+
+
+def _pythonpath_root(backend: str) -> str | None:
+    """The ``PYTHONPATH`` entry a dotted-path backend's top package is found through, or
+    None (a built-in name, or found without ``PYTHONPATH``). Finding it imports nothing."""
+    module = backend.partition(":")[0] if ":" in backend else None
+    if not module or module in ("fault", "triton-fault") or not os.environ.get("PYTHONPATH"):
+        return None
+    try:
+        spec = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):
+        return None
+    where = spec and (spec.origin if not spec.submodule_search_locations else next(iter(spec.submodule_search_locations), None))
+    if not where:
+        return None
+    root = os.path.dirname(os.path.abspath(where))
+    entries = {os.path.abspath(e) for e in os.environ["PYTHONPATH"].split(os.pathsep) if e}
+    return root if root in entries else None
 
 
 def planned_trials(scenario: Scenario, profile: Profile) -> tuple[list, list[checks_mod.Check], int]:
@@ -99,6 +150,10 @@ class Started:
         # tallies: the function that waits for them; ready: None when they are complete already
         self._tallies, self._ready = tallies, ready
 
+    @classmethod
+    def complete(cls, tallies: list) -> "Started":
+        return cls(lambda: tallies)
+
     def ready(self) -> bool:
         return self._ready is None or self._ready()
 
@@ -106,17 +161,73 @@ class Started:
         return self._tallies()
 
 
+class ProtocolError(Exception):
+    """The backend broke the protocol (``harness.protocol``) in a way no check can score."""
+
+
+@dataclass(frozen=True)
+class Declined:
+    """A template the backend declined (``supports``): in the tallies' place, its reason."""
+
+    reason: str
+
+
 def start_scenario(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
     """``sample_scenario`` up to its last wait: batches built and tallied on a GPU are left
-    queued there, only the host path's tallies are complete."""
-    if hasattr(backend, "supports"):  # what a backend supports depends on the templates only: one trial asks
-        reason = backend.supports(trials(scenario, templates, 0, 1).batch)
-        if reason:
-            raise Unsupported(reason)
+    queued there, only the host path's tallies are complete. Templates the backend declines
+    are ``Declined`` in the tallies; the rest are sampled in as few batches as it accepts."""
+    groups, declined = accepted_groups(backend, scenario, templates)
+    if not groups:
+        raise Unsupported(_asked(backend, scenario, templates))
+    started = [(group, _start_group(backend, scenario, [templates[i] for i in group], count, profile)) for group in groups]
+
+    def tallies():
+        out: list = [Declined(declined[i]) if i in declined else None for i in range(len(templates))]
+        for group, one in started:
+            for i, tally in zip(group, one.tallies()):
+                out[i] = tally
+        return out
+
+    if len(started) == 1 and not declined:
+        return started[0][1]
+    return Started(tallies, lambda: all(one.ready() for _, one in started))
+
+
+def accepted_groups(backend, scenario: Scenario, templates) -> tuple[list[list[int]], dict[int, str]]:
+    """(template indices in batches the backend accepts, {declined index: reason}). The whole
+    scenario in one batch when it accepts that; else each template is asked alone, and the
+    accepted ones are put together while it accepts them together."""
+    if not hasattr(backend, "supports") or _asked(backend, scenario, templates) is None:
+        return [list(range(len(templates)))], {}
+    declined = {i: _asked(backend, scenario, [t]) for i, t in enumerate(templates)}
+    declined = {i: why for i, why in declined.items() if why is not None}
+    groups: list[list[int]] = []
+    for i in (i for i in range(len(templates)) if i not in declined):
+        group = next((g for g in groups if _asked(backend, scenario, [templates[j] for j in g + [i]]) is None), None)
+        if group is None:
+            groups.append([i])
+        else:
+            group.append(i)
+    return groups, declined
+
+
+def _asked(backend, scenario: Scenario, templates) -> str | None:
+    """The backend's ``supports`` on one trial of ``templates`` (what it supports depends on
+    the templates only), held to the protocol: None or a non-empty reason string."""
+    if not hasattr(backend, "supports"):
+        return None
+    reason = backend.supports(trials(scenario, templates, 0, 1).batch)
+    if reason is None or (isinstance(reason, str) and reason.strip()):
+        return reason
+    name = getattr(backend, "name", type(backend).__name__)
+    raise ProtocolError(f"backend {name!r}: supports() returned {reason!r}; expected None or a non-empty reason string")
+
+
+def _start_group(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
     if getattr(backend, "device_batches", False):
-        queued = _sample_on_device(backend, scenario, templates, count, profile)
-        return Started(queued.tallies, queued.ready)
+        return _sample_on_device(backend, scenario, templates, count, profile)
     tallies = [TemplateTally(t.effective_drafts, scenario.vocab_size) for t in templates]
+    repeatable = _repeatable(backend, scenario, templates)
     chunk = _chunk_trials(scenario, templates, profile.chunk_elements)
     done = 0
     while done < count:
@@ -124,10 +235,43 @@ def start_scenario(backend, scenario: Scenario, templates, count: int, profile: 
         tr = trials(scenario, templates, done, n)
         batch = tr.batch
         result = backend.sample(batch)
-        tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
+        try:
+            tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
+        except MalformedOutputs as e:
+            return Started.complete(_all_malformed(tallies, count, str(e)))
         add_outputs(tallies, tokens, emitted, tr.drafts, done)
         done += n
-    return Started(lambda: tallies)
+    for tally in tallies:
+        tally.repeatable = repeatable
+    return Started.complete(tallies)
+
+
+def _repeatable(backend, scenario: Scenario, templates) -> bool | None:
+    """Whether two calls on the same one-trial batch emit the same tokens (None: the calls
+    did not give well-formed outputs; the sampling proper reports that)."""
+    outputs = []
+    for _ in range(2):
+        batch = trials(scenario, templates, 0, 1).batch
+        try:
+            outputs.append(as_numpy_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts))
+        except ValueError:
+            return None
+    return same_emitted(*outputs[0], *outputs[1])
+
+
+def same_emitted(tokens_a, emitted_a, tokens_b, emitted_b) -> bool:
+    """Whether two outputs emitted the same tokens (slots past ``num_emitted`` are not read)."""
+    shown = np.arange(tokens_a.shape[1])[None, :] < emitted_a[:, None]
+    return bool((emitted_a == emitted_b).all() and (np.where(shown, tokens_a, 0) == np.where(shown, tokens_b, 0)).all())
+
+
+def _all_malformed(tallies: list[TemplateTally], count: int, reason: str) -> list[TemplateTally]:
+    """Every trial a structure violation: outputs that are not token ids cannot be scored."""
+    for tally in tallies:
+        tally.outcome[:] = 0
+        tally.steps[:] = 0
+        tally.trials, tally.violations, tally.example = count, count, {"reason": reason}
+    return tallies
 
 
 # A row passed as a stride-0 view costs the backend its per-row scratch only (statistics per
@@ -164,22 +308,53 @@ def device_trials(backend, scenario: Scenario, templates, count: int, profile: P
     return built, count if chunk >= count else max(1, chunk - chunk % 2)
 
 
-def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile):
+def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
     """Inputs built and outputs tallied on the backend's device (``harness.device_trials``);
-    returns the counts queued there (``DeviceTally.start_finish``)."""
+    the counts are left queued there (``DeviceTally.start_finish``). The first chunk is
+    sampled twice, so that a backend whose outputs differ for the same inputs is flagged."""
     from harness.device_tally import DeviceTally
 
     built, chunk = device_trials(backend, scenario, templates, count, profile)
     effective = [t.effective_drafts for t in templates]
     tally = DeviceTally(effective, scenario.vocab_size, count, scenario.max_drafts, built.device, built.kernels)
-    done = 0
+    done, same = 0, None
     while done < count:
         n = min(chunk, count - done)
         batch, _ = built.chunk(done, n)
         tokens, emitted = checked_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts)
+        try:
+            check_integer_outputs(tokens, emitted)
+        except MalformedOutputs as e:
+            return Started.complete(_all_malformed([TemplateTally(d, scenario.vocab_size) for d in effective], count, str(e)))
         tally.add(tokens, emitted, done)
+        if done == 0:
+            same = _same_on_device(backend, batch, tally, n)
         done += n
-    return tally.start_finish(built.drafts)
+    queued = tally.start_finish(built.drafts)
+
+    def tallies():
+        out = queued.tallies()
+        repeatable = None if same is None else bool(same.item())
+        for t in out:
+            t.repeatable = repeatable
+        return out
+
+    return Started(tallies, queued.ready)
+
+
+def _same_on_device(backend, batch, tally, n: int):
+    """A device bool: whether sampling ``batch`` (trials 0..n) again emits what ``tally``
+    holds for them; None when the second call gives no well-formed outputs."""
+    import torch
+
+    try:
+        tokens, emitted = checked_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts)
+        check_integer_outputs(tokens, emitted)
+    except ValueError:
+        return None
+    first_tokens, first_emitted = tally.tokens[:n].reshape(tokens.shape), tally.emitted[:n].reshape(emitted.shape)
+    shown = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < first_emitted[:, None]
+    return (first_emitted == emitted).all() & ((first_tokens == tokens) | ~shown).all()
 
 
 def split_source(name: str) -> tuple[str, str | None]:
@@ -192,8 +367,6 @@ def split_source(name: str) -> tuple[str, str | None]:
 def load_for_device(name: str, device: str):
     base, src = split_source(name)
     if src:  # in a worker process this binds the tree for that backend alone
-        import os
-
         from harness.backends.vllm_env import SRC_ENV, use_source_tree
 
         os.environ[SRC_ENV] = os.path.abspath(src)
@@ -344,7 +517,8 @@ def _memory_full(backend) -> bool:
     return allocated > STREAM_MEMORY_SHARE * total / gpu_sharers()
 
 
-def _in_process(name, work, profile, device, timeout, gpu=None, time_backend=False, turns=None):  # turns: see Sampling
+def _in_process(name, work, profile, device, timeout, gpu=None, time_backend=False, turns=None, log_path=None):  # turns: see Sampling
+    # log_path unused: in process, the backend's output cannot be told from the tool's
     try:
         backend = load_for_device(name, device)
     except Exception as e:  # a backend that cannot load is that backend's verdict
@@ -426,8 +600,25 @@ class Sampling:
     default 0..size-1); ``gpus`` > 1: GPU g takes the items at g, g + gpus, ... of it."""
 
     def __init__(
-        self, name, size, work, profile, device, isolate, timeout, gpus=1, progress=None, time_backend=False, turns=None, order=None
+        self,
+        name,
+        size,
+        work,
+        profile,
+        device,
+        isolate,
+        timeout,
+        gpus=1,
+        progress=None,
+        time_backend=False,
+        turns=None,
+        order=None,
+        log_dir=None,
     ):
+        from harness.worker import backend_log_path
+
+        # log_dir: the workers' stdout and stderr go to {log_dir}/backends/NAME.log (None: the tool's own)
+        self._log_path = backend_log_path(log_dir, name) if log_dir is not None and isolate else None
         self.outcomes: list = [None] * size
         self.environments: list = []  # one per worker (the same unless workers differ)
         self.load_seconds: float | None = None  # until the first worker had loaded the backend
@@ -461,7 +652,9 @@ class Sampling:
         sampler = sample_isolated if self._isolate else _in_process
         try:
             items = self._items(shard)
-            stream = sampler(self._name, items, self._profile, self._device, self._timeout, gpu, self._time_backend, self._turns)
+            stream = sampler(
+                self._name, items, self._profile, self._device, self._timeout, gpu, self._time_backend, self._turns, log_path=self._log_path
+            )
             pending = iter(shard)
             for scenario, outcome in stream:
                 if outcome[0] == "environment":  # what the backend loaded with, before any scenario
@@ -517,12 +710,15 @@ def run(
     gpus: int = 1,
     pipelined: bool = True,
     time_backend: bool = False,
+    log_dir: str | None = None,
 ) -> RunResult:
     """Verify every backend on every scenario. ``scenario_refs`` maps a scenario name to how
     the reproducer names it (a JSON file path for scenarios that are not in the catalog).
     ``isolate``: each backend samples in its own worker process (``harness.worker``): a
-    crash, a hang past ``timeout`` seconds per scenario or an import failure becomes that
-    backend's verdict and the run goes on. ``gpus`` > 1 (isolated, on CUDA): each backend's
+    crash, an import failure, or a load or scenario past ``timeout`` seconds becomes that
+    backend's verdict and the run goes on (after a timeout, its scenarios not yet sampled
+    are charged at once); ``log_dir``: its workers' stdout and stderr go to
+    ``log_dir/backends/*.log``. ``gpus`` > 1 (isolated, on CUDA): each backend's
     scenarios are spread over that many workers, one GPU each. Checks are evaluated in
     catalog order whatever the sharding, so a run's records do not depend on ``gpus``.
 
@@ -549,7 +745,9 @@ def run(
     turns = tempfile.mkdtemp(prefix="specdec-gpu-turns-") if concurrent and device != "cpu" else None
 
     def start_sampling(name):
-        return Sampling(name, len(scenarios), plans.work, profile, device, isolate, timeout, gpus, progress, time_backend, turns, order)
+        return Sampling(
+            name, len(scenarios), plans.work, profile, device, isolate, timeout, gpus, progress, time_backend, turns, order, log_dir
+        )
 
     started = [start_sampling(name) for name in backend_names] if concurrent else []
     try:
@@ -566,6 +764,8 @@ def run(
             sampling.join()
             result.backend_environments[name] = sampling.environments[0] if sampling.environments else None
             result.load_seconds[name] = sampling.load_seconds
+        for i, scenario in enumerate(scenarios):  # the share's denominator, past a backend that did not load too
+            result.planned_checks[scenario.name] = len(plans.get(i)[0])
     finally:
         for sampling in started:  # an exception in an earlier backend's evaluation: stop the rest too
             sampling.stop()
@@ -584,6 +784,7 @@ def _evaluate_backend(result: RunResult, name, scenarios, plans: Plans, sampling
     elapsed = 0.0
     for i, scenario in enumerate(scenarios):
         planned, count = plans.get(i)  # a planning error is raised here, in catalog order
+        result.planned_checks[scenario.name] = len(planned)
         outcome = sampling.outcome(i)
         if outcome[0] == "load-error":  # the backend could not load: one record, the run goes on
             result.records.append(_error_record(name, "-", -1, "load", outcome[1], ""))
@@ -594,9 +795,16 @@ def _evaluate_backend(result: RunResult, name, scenarios, plans: Plans, sampling
             if outcome[3] is not None:
                 result.sample_calls.setdefault(name, []).extend(outcome[3])
             result.trials[(name, scenario.name)] = count
+            tallies = outcome[1]
+            if any(getattr(t, "repeatable", None) is False for t in tallies):
+                result.unrepeatable.setdefault(name, []).append(scenario.name)
             t0 = time.perf_counter()
             for check in planned:
-                result.records.append(_record(name, scenario, check, check.evaluate(outcome[1][check.template], rng), repro))
+                tally = tallies[check.template]
+                if isinstance(tally, Declined):
+                    result.records.append(_skipped_record(name, scenario, check, f"declined by the backend: {tally.reason}", repro))
+                else:
+                    result.records.append(_record(name, scenario, check, check.evaluate(tally, rng), repro))
             result.evaluate_seconds += time.perf_counter() - t0
         elif outcome[0] == "unsupported":
             for check in planned:

@@ -20,6 +20,7 @@ class TemplateTally:
     trials: int = 0
     violations: int = 0
     example: dict | None = None
+    repeatable: bool | None = None  # same outputs from two calls on the same inputs (None: not asked)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):

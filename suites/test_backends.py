@@ -22,6 +22,7 @@ def test_user_backend(user_backend, run_profile, run_seed):
         if r.verdict in ("fail", "error")
     ]
     assert not bad, "\n".join(bad)
+    assert not result.unverified(), result.unverified()[0]  # every check skipped is no pass
 
 
 def test_backend_option_reaches_the_runner():

@@ -1,13 +1,19 @@
 """Bad input gets a clear error naming what was wrong."""
 
 import json
+import os
 import re
+import resource
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 from harness.backends import load_backend
 from harness.cli import main
+from harness.faults import FAULTS
 from harness.protocol import VerifyBatch, as_numpy_outputs
 from harness.scenarios import RequestSpec, Scenario
 from reference import laws
@@ -170,6 +176,8 @@ def test_malformed_backend_output_is_named():
         (["run", "--device", "cuda"], "CUDA"),
         (["power", "--df", "0", "--tv", "0.1"], "df"),
         (["power", "--df", "3", "--tv", "2"], "tv"),
+        (["run", "--exclude", "greedy-tie", "--profile", "smoke"], "did you mean 'greedy-ties'"),
+        (["run", "--backend", "vllm-v1@/no/such/tree"], "no source tree folder"),
     ],
 )
 def test_cli_usage_errors_exit_2_with_one_line(argv, needle, capsys, tmp_path):
@@ -186,3 +194,297 @@ def test_bad_scenario_file_is_a_usage_error(tmp_path, capsys):
     bad.write_text('{"name": "x", "method": "standard"}')
     assert main(["run", "--scenario", str(bad), "--out", str(tmp_path / "out")]) == 2
     assert "missing field" in capsys.readouterr().err
+
+
+# --- scenario files: names, sizes, types -----------------------------------------------
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIRST_FAULT = next(iter(FAULTS))
+TINY = {"name": "tiny", "method": "standard", "vocab_size": 4, "requests": [{"num_drafts": 1}]}
+
+
+def _cap_memory():
+    # A regression that allocates a huge vocabulary fails here instead of exhausting the machine.
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+
+def harness_run(*args, timeout=120):
+    """``python -m harness run ARGS`` in a child process: (exit code, stderr, seconds)."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "harness", "run", "--profile", "smoke", "--no-progress", "--in-process", *args],
+            cwd=REPO, capture_output=True, text=True, timeout=timeout, preexec_fn=_cap_memory,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"python -m harness run {' '.join(args)} still running after {timeout} s")
+    return p.returncode, p.stderr.strip(), time.monotonic() - t0
+
+
+def files_under(root) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names}
+
+
+def scenario_file(tmp_path, file="s.json", **changes):
+    path = tmp_path / file
+    path.write_text(json.dumps({**TINY, **changes}))
+    return path
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "ABSOLUTE"])
+def test_scenario_names_cannot_write_outside_the_output_folder(name, tmp_path):
+    name = str(tmp_path / "escaped") if name == "ABSOLUTE" else name
+    path = scenario_file(tmp_path, name=name)
+    rc, err, _ = harness_run("--scenario", str(path), "--out", str(tmp_path / "out"))
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: --scenario {path}: scenario.name:"), err
+    assert files_under(tmp_path) == {"s.json"}, "nothing is written on a usage error"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", ".", "..", "a/b", "a\\b", "/tmp/x", "-lead", ".hidden", "a b", "x" * 129, "caf\u00e9", "nul\x00", "tab\t", 5, None],
+)
+def test_scenario_names_outside_the_documented_set_are_refused(name):
+    with pytest.raises(ValueError, match=r"^scenario\.name:"):
+        Scenario.from_dict({**TINY, "name": name})
+
+
+@pytest.mark.parametrize("profile", ["smoke", "ci", "gpu", "nightly"])
+def test_every_catalog_name_is_in_the_documented_set(profile):
+    from harness.catalog import catalog
+    from harness.profiles import get_profile
+    from harness.scenarios import NAME_PATTERN
+
+    assert all(NAME_PATTERN.fullmatch(s.name) for s in catalog(get_profile(profile)))
+    assert all(NAME_PATTERN.fullmatch(n) for n in ("x" * 128, "a.b_c-D9", "9"))
+
+
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        (dict(vocab_size=10**9), "scenario.vocab_size"),
+        (dict(vocab_size=(1 << 21) + 1), "scenario.vocab_size"),
+        (dict(vocab_size=1 << 21, requests=[{"num_drafts": 31}, {"num_drafts": 1}]), "scenario.requests"),
+        (dict(requests=[{"num_drafts": 1}] * 257), "scenario.requests"),
+        (dict(requests=[{"num_drafts": 33}]), "scenario.requests[0].num_drafts"),
+        (dict(requests=[{"num_drafts": 10**12}]), "scenario.requests[0].num_drafts"),
+        (dict(requests=[{"num_drafts": 1, "temperature": 1e5}]), "scenario.requests[0].temperature"),
+        (dict(requests=[{"num_drafts": 1, "temperature": 1e-6}]), "scenario.requests[0].temperature"),
+        (dict(requests=[{"num_drafts": 1, "temperature": 1e300}]), "scenario.requests[0].temperature"),
+        (dict(requests=[{"num_drafts": 1, "nan_rows": [0] * 10**5}]), "scenario.requests[0].nan_rows"),
+        (dict(requests=[{"num_drafts": 1, "masked_rows": [1, 1]}]), "scenario.requests[0].masked_rows"),
+        (dict(tags=["t"] * 65), "scenario.tags"),
+        (dict(tags=["t" * 129]), "scenario.tags"),
+        (dict(seed=10**23), "scenario.seed"),
+        (dict(seed=2**63), "scenario.seed"),
+        (dict(seed=-1), "scenario.seed"),
+    ],
+)
+def test_scenario_sizes_are_bounded(changes, field):
+    with pytest.raises(ValueError, match="^" + re.escape(field) + ":"):
+        Scenario.from_dict({**TINY, **changes})
+
+
+def test_the_largest_scenarios_are_accepted():
+    from harness.scenarios import MAX_DRAFTS, MAX_REQUESTS, MAX_SEED, MAX_TEMPERATURE, MAX_VOCAB, MIN_TEMPERATURE
+
+    Scenario.from_dict({**TINY, "vocab_size": MAX_VOCAB, "requests": [{"num_drafts": 31}], "seed": MAX_SEED})
+    Scenario.from_dict({**TINY, "requests": [{"num_drafts": MAX_DRAFTS, "temperature": MIN_TEMPERATURE}] * MAX_REQUESTS})
+    Scenario.from_dict({**TINY, "requests": [{"num_drafts": 1, "temperature": MAX_TEMPERATURE, "nan_rows": [1, 0]}]})
+
+
+def test_ten_million_requests_are_refused_before_any_is_built():
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"^scenario\.requests:"):
+        Scenario.from_dict({**TINY, "requests": [{"num_drafts": 1}] * 10**7})
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_a_huge_vocabulary_is_a_quick_usage_error(tmp_path):
+    path = scenario_file(tmp_path, vocab_size=10**9)
+    rc, err, seconds = harness_run("--scenario", str(path), "--out", str(tmp_path / "out"))
+    assert rc == 2 and len(err.splitlines()) == 1 and "scenario.vocab_size" in err, err
+    assert seconds < 30 and files_under(tmp_path) == {"s.json"}
+
+
+def test_too_many_requests_are_a_quick_usage_error(tmp_path):
+    path = scenario_file(tmp_path, requests=[{"num_drafts": 1}] * 300)
+    rc, err, seconds = harness_run("--scenario", str(path), "--out", str(tmp_path / "out"))
+    assert rc == 2 and len(err.splitlines()) == 1 and "scenario.requests" in err, err
+    assert seconds < 30
+
+
+def test_a_ten_million_request_file_is_refused_unparsed(tmp_path):
+    path = tmp_path / "s.json"
+    with open(path, "w") as f:
+        f.write(json.dumps(TINY)[:-2])  # TINY's requests list, left open
+        f.write(', {"num_drafts": 1}' * (10**7 - 1) + "]}")
+    try:
+        rc, err, seconds = harness_run("--scenario", str(path), "--out", str(tmp_path / "out"), timeout=60)
+    finally:
+        path.unlink()
+    assert rc == 2 and len(err.splitlines()) == 1 and "bytes" in err, err
+    assert seconds < 30
+
+
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        (dict(tags=5), "scenario.tags"),
+        (dict(tags="abc"), "scenario.tags"),
+        (dict(tags=[1]), "scenario.tags"),
+        (dict(tags=None), "scenario.tags"),
+        (dict(method=["standard"]), "scenario.method"),
+        (dict(vocab_size="8"), "scenario.vocab_size"),
+        (dict(vocab_size=True), "scenario.vocab_size"),
+        (dict(vocab_size=8.0), "scenario.vocab_size"),
+        (dict(draft_vocab_size="4"), "scenario.draft_vocab_size"),
+        (dict(draft_probs="yes"), "scenario.draft_probs"),
+        (dict(drafts=5), "scenario.drafts"),
+        (dict(seed=1.5), "scenario.seed"),
+        (dict(seed=True), "scenario.seed"),
+        (dict(seed="1"), "scenario.seed"),
+        (dict(dtype=32), "scenario.dtype"),
+        (dict(slots=None), "scenario.slots"),
+        (dict(positions=[]), "scenario.positions"),
+        (dict(requests={"num_drafts": 1}), "scenario.requests"),
+        (dict(requests=[{"num_drafts": "2"}]), "scenario.requests[0].num_drafts"),
+        (dict(requests=[{"num_drafts": True}]), "scenario.requests[0].num_drafts"),
+        (dict(requests=[{"num_drafts": "2", "nan_rows": [0]}]), "scenario.requests[0].num_drafts"),
+        (dict(requests=[{"num_drafts": None, "draft_ids": [0]}]), "scenario.requests[0].num_drafts"),
+        (dict(requests=[{"num_drafts": 1, "temperature": "1"}]), "scenario.requests[0].temperature"),
+        (dict(requests=[{"num_drafts": 1, "temperature": True}]), "scenario.requests[0].temperature"),
+        (dict(requests=[{"num_drafts": 1, "target": 5}]), "scenario.requests[0].target"),
+        (dict(requests=[{"num_drafts": 1, "draft": None}]), "scenario.requests[0].draft"),
+        (dict(requests=[{"num_drafts": 1, "draft_ids": 5}]), "scenario.requests[0].draft_ids"),
+        (dict(requests=[{"num_drafts": 1, "draft_ids": "a"}]), "scenario.requests[0].draft_ids"),
+        (dict(requests=[{"num_drafts": 1, "draft_ids": [True]}]), "scenario.requests[0].draft_ids"),
+        (dict(requests=[{"num_drafts": 1, "nan_rows": 5}]), "scenario.requests[0].nan_rows"),
+        (dict(requests=[{"num_drafts": 1, "masked_rows": None}]), "scenario.requests[0].masked_rows"),
+        (dict(requests=[{"num_drafts": 1, "masked_rows": [False]}]), "scenario.requests[0].masked_rows"),
+        (dict(requests=[{"num_drafts": 1, "stationary": 1}]), "scenario.requests[0].stationary"),
+        (dict(requests=[{"num_drafts": 1, "placeholder_at": True}]), "scenario.requests[0].placeholder_at"),
+        (dict(requests=[{"num_drafts": 1, "method": ""}]), "scenario.requests[0].method"),
+        (dict(requests=[{"num_drafts": 1, "method": 0}]), "scenario.requests[0].method"),
+        (dict(requests=[{"num_drafts": 1, "method": []}]), "scenario.requests[0].method"),
+        (dict(method="synthetic", synthetic="x"), "scenario.synthetic"),
+        (dict(method="synthetic", synthetic={"mean_rate": "0.5"}), "scenario.synthetic.mean_rate"),
+        (dict(method="synthetic", synthetic={"mean_rate": True}), "scenario.synthetic.mean_rate"),
+        (dict(method="synthetic", synthetic={"mean_rate": None}), "scenario.synthetic.mean_rate"),
+        (dict(method="synthetic", synthetic={"mean_rate": 1.5}), "scenario.synthetic.mean_rate"),
+        (dict(method="synthetic", synthetic={"rates": "abc"}), "scenario.synthetic.rates"),
+        (dict(method="synthetic", synthetic={"rates": [True]}), "scenario.synthetic.rates"),
+        (dict(method="synthetic", synthetic={"rates": [[0.5]]}), "scenario.synthetic.rates"),
+        (dict(method="synthetic", synthetic={"rates": [0.5, 0.4]}), "scenario.synthetic.rates"),
+        (dict(method="synthetic", synthetic={"acceptance_length": [2]}), "scenario.synthetic.acceptance_length"),
+        (dict(method="synthetic", synthetic={"acceptance_length": 9}), "scenario.synthetic.acceptance_length"),
+    ],
+)
+def test_scenario_field_types_are_checked(changes, field):
+    with pytest.raises(ValueError, match="^" + re.escape(field) + ":"):
+        Scenario.from_dict({**TINY, **changes})
+
+
+def test_python_built_scenarios_are_checked_the_same_way():
+    with pytest.raises(ValueError, match=r"^scenario\.requests:"):
+        Scenario("x", "standard", 8, ())
+    with pytest.raises(ValueError, match=r"^scenario\.requests\[1\]:"):
+        Scenario("x", "standard", 8, (RequestSpec(1), {"num_drafts": 1}))
+    with pytest.raises(ValueError, match=r"^scenario\.tags:"):
+        Scenario("x", "standard", 8, (RequestSpec(1),), tags="abc")
+
+
+def test_deeply_nested_json_is_a_value_error():
+    with pytest.raises(ValueError, match="scenario JSON"):
+        Scenario.from_json("[" * 100_000 + "]" * 100_000)
+
+
+def test_a_bad_field_type_in_a_file_is_one_usage_line(tmp_path, capsys):
+    path = scenario_file(tmp_path, tags=5)
+    assert main(["run", "--scenario", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: --scenario {path}: scenario.tags:"), err
+    assert files_under(tmp_path) == {"s.json"}
+
+
+def test_huge_values_are_shown_briefly():
+    with pytest.raises(ValueError) as e:
+        Scenario.from_dict({**TINY, "vocab_size": [0] * 10**5})
+    assert len(str(e.value)) < 300
+
+
+@pytest.mark.parametrize("command", ["run", "faults", "peers", "scenarios"])
+@pytest.mark.parametrize("seed", [str(2**64), str(2**63), "-1"])
+def test_cli_seeds_are_bounded(command, seed, tmp_path, capsys):
+    argv = [command, "--profile", "smoke", "--seed", seed] + (["--out", str(tmp_path / "out")] if command != "scenarios" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: --seed:"), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_accepts_the_largest_seed(capsys):
+    assert main(["scenarios", "--profile", "smoke", "--seed", str(2**63 - 1)]) == 0
+
+
+@pytest.mark.parametrize("same_as_catalog", [False, True])
+def test_duplicate_scenario_names_are_refused(same_as_catalog, tmp_path, capsys):
+    name = "greedy-ragged" if same_as_catalog else "tiny"
+    a = scenario_file(tmp_path, "a.json", name=name)
+    second = "greedy-ragged" if same_as_catalog else str(scenario_file(tmp_path, "b.json", name=name, seed=1))
+    assert main(["run", "--profile", "smoke", "--scenario", str(a), "--scenario", second, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and repr(name) in err and "--scenario" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_catalog_scenarios_suggest_a_close_name(tmp_path, capsys):
+    assert main(["run", "--profile", "smoke", "--scenario", "greedy-ragd", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "did you mean 'greedy-ragged'?" in err, err
+
+
+@pytest.mark.parametrize(
+    "name", ["reference", "triton", "vllm-mrv2", "vllm-v1", "pkg.mod:Attr", "vllm-mrv2@vendor/vllm-0.19.1", "reference@x", "pkg.mod:A@x"]
+)
+def test_known_backend_names_pass_the_check(name):
+    from harness.backends import check_backend_name
+
+    check_backend_name(name)
+
+
+def test_every_built_in_backend_name_passes_the_check():
+    from harness.backends import builtin_names, check_backend_name
+
+    for name in builtin_names():
+        check_backend_name(name)
+
+
+@pytest.mark.parametrize(
+    "name,needle",
+    [
+        ("refrence", "did you mean 'reference'?"),
+        ("trition", "did you mean 'triton'?"),
+        ("refrence@vendor/x", "did you mean 'reference'?"),
+        ("fault:nope", "unknown fault 'nope'"),
+        (f"fault:{FIRST_FAULT[:-1]}", f"did you mean 'fault:{FIRST_FAULT}'?"),
+        ("triton-fault:nope", "unknown Triton fault 'nope'"),
+        ("nonsense", "unknown backend 'nonsense'"),
+        ("", "backend"),
+        ("@x", "backend"),
+    ],
+)
+def test_unknown_backend_names_are_refused_with_a_suggestion(name, needle):
+    from harness.backends import check_backend_name
+
+    with pytest.raises(ValueError, match=re.escape(needle)) as e:
+        check_backend_name(name)
+    assert str(e.value).startswith("backend:") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("backend,needle", [("refrence", "did you mean 'reference'?"), ("fault:nope", "unknown fault 'nope'")])
+def test_cli_refuses_an_unknown_backend_before_sampling(backend, needle, tmp_path, capsys):
+    assert main(["run", "--profile", "smoke", "--backend", backend, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: backend:") and needle in err, err
+    assert not (tmp_path / "out").exists()

@@ -9,8 +9,12 @@
 ``pkg.mod:Attr``       a third-party implementation: a class (instantiated with no
                        arguments), an object with ``sample(batch)``, or a plain function
                        ``sample(batch) -> (tokens, num_emitted)``. See ``harness.protocol``.
+``NAME@PATH``          any of these bound to a vLLM source tree (``harness.runner.split_source``).
+
+``check_backend_name`` refuses a name none of these can be, before anything is sampled.
 """
 
+import difflib
 import importlib
 
 from harness.faults import FAULTS
@@ -54,6 +58,45 @@ def builtin_names() -> list[str]:
     return ["reference", *NAMED] + [f"fault:{name}" for name in FAULTS] + [f"triton-fault:{name}" for name in TRITON_FAULTS]
 
 
+def check_backend_name(name: str) -> None:
+    """Raise ``ValueError`` (one line, with the closest built-in name) when ``name`` is no
+    backend name: neither built in, ``fault:NAME``, ``triton-fault:NAME`` of a planted fault,
+    a dotted path ``pkg.mod:Attr`` nor one of these ``@PATH``. Dotted paths are not imported
+    (slow, and maybe device-bound): ``load_backend`` reports what is wrong with them."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("backend: expected a backend name")
+    base, sep, src = name.partition("@")
+    if sep and not (base and src):
+        raise ValueError(f"backend: {name!r}: expected NAME@PATH, a backend name and a vLLM source tree")
+    if base in ("reference", *NAMED):
+        return
+    if base.startswith("fault:"):
+        _check_fault(base, FAULTS, "fault", "fault:")
+    elif base.startswith("triton-fault:"):
+        _check_fault(base, TRITON_FAULTS, "Triton fault", "triton-fault:")
+    elif ":" in base:
+        module_name, _, attr = base.partition(":")
+        if not module_name or not attr:
+            raise ValueError(f"backend: {base!r}: expected a dotted path 'package.module:Attr'")
+    else:
+        raise ValueError(
+            f"backend: unknown backend {base!r}{_did_you_mean(base, builtin_names())} (built in: reference, {', '.join(NAMED)}, "
+            "fault:NAME, triton-fault:NAME; or a dotted path 'package.module:Class')"
+        )
+
+
+def _check_fault(name: str, faults, kind: str, prefix: str) -> None:
+    fault = name.split(":", 1)[1]
+    if fault not in faults:
+        hint = _did_you_mean(fault, list(faults), prefix)
+        raise ValueError(f"backend: unknown {kind} {fault!r}{hint} (known: {', '.join(faults)})")
+
+
+def _did_you_mean(name: str, known: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""
+
+
 def load_backend(name: str):
     """Resolve a backend name; raise ``ValueError`` naming what is wrong."""
     if not isinstance(name, str) or not name:
@@ -65,14 +108,11 @@ def load_backend(name: str):
         backend.name = name
         return backend
     if name.startswith("fault:"):
-        fault = name.split(":", 1)[1]
-        if fault not in FAULTS:
-            raise ValueError(f"backend: unknown fault {fault!r} (known: {', '.join(FAULTS)})")
-        return SamplerBackend(name, FAULTS[fault]())
+        _check_fault(name, FAULTS, "fault", "fault:")
+        return SamplerBackend(name, FAULTS[name.split(":", 1)[1]]())
     if name.startswith("triton-fault:"):
+        _check_fault(name, TRITON_FAULTS, "Triton fault", "triton-fault:")
         fault = name.split(":", 1)[1]
-        if fault not in TRITON_FAULTS:
-            raise ValueError(f"backend: unknown Triton fault {fault!r} (known: {', '.join(TRITON_FAULTS)})")
         try:
             from harness.backends.triton_fault import TritonFaultBackend
         except ImportError as e:
@@ -80,7 +120,8 @@ def load_backend(name: str):
         return TritonFaultBackend(fault)
     if ":" in name:
         return _load_dotted(name)
-    raise ValueError(f"backend: unknown backend {name!r} (built in: {', '.join(builtin_names())}; or a dotted path 'package.module:Class')")
+    check_backend_name(name)  # raises: an unknown name, with the closest built-in one
+    raise ValueError(f"backend: unknown backend {name!r}")
 
 
 def _load_dotted(name: str):
