@@ -1,4 +1,4 @@
-"""Residual candidates on and off (``benchmarks/RESULTS.md``, issue 3, session 21): graph time of the
+"""Residual candidates on and off (``benchmarks/RESULTS.md#residual-candidates``): graph time of the
 default (fused) Triton call with ``triton_sampler._CANDIDATES`` set to each variant in one process.
 
 On a GPU machine: ``AB_VARIANTS=0,8 AB_SHAPES='256,1,131072;1,8,152064' python benchmarks/ab_candidates.py``

@@ -1,5 +1,5 @@
 """Graph time of the fused Triton path against another version of it, and vLLM MRV2, one variant
-per process (``benchmarks/RESULTS.md``, issue 3, session 22): run it once per variant, in turns.
+per process (``benchmarks/RESULTS.md#fused-path-ab``): run it once per variant, in turns.
 
 On a GPU machine, with an earlier version of the fused module saved beside the checkout::
 
@@ -15,8 +15,8 @@ saved (``$OUT/ab_tokens_VARIANT.pt``) to compare variants. Writes ``$OUT/ab_VARI
 
 Variants of ``new`` without a second file: ``AB_SET="_STATS_PROGRAMS=4096,..."`` sets the fused
 path's launch constants first (``bench_kernels.set_constants``); ``AB_CUT=n`` launches only the
-call's first n kernels (1: the statistics kernel; session 23's breakdown: outputs not valid, so
-not compared, but the time of what was launched); ``AB_NAME`` names the files and rows instead of
+call's first n kernels (1: the statistics kernel; ``benchmarks/RESULTS.md#kernel-time-by-stage``:
+outputs not valid, so not compared, but the time of what was launched); ``AB_NAME`` names the files and rows instead of
 the variant. For example, in turns::
 
     for i in 1 2; do

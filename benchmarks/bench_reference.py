@@ -1,6 +1,7 @@
 """Throughput of the float64 reference sampler (single-draft trials, small vocabulary).
 
-Goal (issue 2): at least 1M single-draft standard trials per second on one core.
+Goal: at least 1M single-draft standard trials per second on one core
+(``benchmarks/RESULTS.md#reference-sampler-throughput``).
 Run: ``python benchmarks/bench_reference.py [--trials N] [--vocab V] [--repeats R] [--json PATH]``.
 Measures the ``sample`` call on a prebuilt batch, and the whole pipeline (batch
 construction + sample + tally) separately. Pin to one core with ``taskset -c 0``.

@@ -1,5 +1,6 @@
-"""Harness overhead of a whole run (issue 8): the share of wall time outside the backends' own
-``sample`` calls, for the pipelined runner and the serial one it replaced.
+"""Harness overhead of a whole run: the share of wall time outside the backends' own ``sample``
+calls, for the pipelined runner and the serial one it replaced
+(``benchmarks/RESULTS.md#whole-run-overhead``).
 
 Calls ``harness.runner.run`` as ``python -m harness run`` does (one worker process per
 backend unless ``--in-process``) with the backends' ``sample`` calls timed inside the

@@ -1,5 +1,6 @@
 """Device time of the on-device tally (``harness.device_kernels.tally``) on outputs shaped
-like the `gpu` catalog's: how much of a run's GPU time counting outcomes takes (issue 8).
+like the `gpu` catalog's: how much of a run's GPU time counting outcomes takes
+(``benchmarks/RESULTS.md#tally-kernel``).
 
 Run on a GPU machine: ``python benchmarks/bench_tally.py --json OUT.json [--impl FILE.py:tally]
 [--copies 1,8,64]``. Outputs are synthetic but valid: every trial emits 1..d+1 tokens with its

@@ -1,4 +1,5 @@
-"""Time to verdict of one full-power scenario, and the harness's share of it (issue 8).
+"""Time to verdict of one full-power scenario, and the harness's share of it
+(``benchmarks/RESULTS.md#time-to-verdict``).
 
 For each backend, vocabulary V and draft count K: a standard scenario with one request
 template of K fixed drafts (fp32 logits, near-target draft), verified at the ``gpu`` profile
@@ -19,7 +20,7 @@ Time to verdict = plan + sample + verdict. Harness overhead = 1 - backend / time
 run, planning and evaluation overlap other scenarios' sampling).
 
 Two more runs: one synchronized around each backend call (``loop_parts.synced_calls_s``, the
-measure of sessions 3-7), one synchronized around each part of the loop outside the backend,
+measure before the overhead was taken without added syncs), one synchronized around each part of the loop outside the backend,
 splitting it into building inputs and tallying (``loop_parts``).
 
 Run on a GPU machine: ``python benchmarks/bench_verdict.py --json OUT.json`` (vLLM from the

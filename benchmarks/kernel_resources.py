@@ -7,11 +7,11 @@ The launches are planned as ``suites/test_triton_layouts.py`` plans them (the fu
 tiles, grids and arguments for a batch of B requests of K drafts at vocabulary V, every method
 present) and compiled with the installed Triton's bundled ptxas; ``cuobjdump`` reads the cubin.
 The GPU machines run Triton 3.6: put its wheel, unpacked, first on ``PYTHONPATH`` for their
-counts (``pip download --no-deps triton==3.6.0``). Session 21 found them equal to the H100's
+counts (``pip download --no-deps triton==3.6.0``). They have equalled the H100's
 for the statistics kernel (64, and 96 with a per-tile store) and a candidate kernel (124), but
 not for the mass and pick kernels (138 and 220 here, 56 and 96 there): compare variants of a
-kernel, and confirm on the GPU (``benchmarks/RESULTS.md``). A kernel the launch caps
-(``maxnreg``) is compiled with that cap: the statistics kernel in 48, as on an H200 (session 39).
+kernel, and confirm on the GPU (``benchmarks/RESULTS.md#kernel-registers``). A kernel the launch
+caps (``maxnreg``) is compiled with that cap: the statistics kernel in 48, as on an H200.
 Run without ``TRITON_INTERPRET``.
 """
 

@@ -1,4 +1,5 @@
-"""Where a run's sampling loop spends its time outside the backend's calls (issue 8): every
+"""Where a run's sampling loop spends its time outside the backend's calls
+(``benchmarks/RESULTS.md#sampling-loop-overhead``): every
 phase of ``runner.sample_scenario`` timed per scenario, the device synchronized around each.
 
 Wraps the loop's steps in place (no copy of the loop): the probe batch and ``supports``,

@@ -1,10 +1,10 @@
-"""A streaming floor under the fused path (issue 3): how fast do a few minimal Triton kernels
+"""A streaming floor under the fused path: how fast do a few minimal Triton kernels
 read the bytes the sampler must read, doing the least work with them, timed as the sampler is?
 
 At B = 256, K = 1, V = 131072 the fused path reads 201 MB before its chain (target row 0 fp32,
 draft row bf16, for each request) and then the bonus rows of the requests that accept. On an
-H200 its statistics kernel alone takes 61.2 us, the whole call 101, and 80% of copy needs 98.3
-(``benchmarks/RESULTS.md``, issue 3, session 39). This script times kernels that read the same
+H200 its statistics kernel alone took 61.2 us, the whole call 101, and 80% of copy needs 98.3
+(with the kernels of that date; ``benchmarks/RESULTS.md#streaming-floor``). This script times kernels that read the same
 rows and keep only what a statistics or mass kernel cannot do without, in the same graph and
 flush (the rows of requests with K drafts each):
 
@@ -45,7 +45,7 @@ SPLIT = 4096  # the fused statistics kernel's split at V >= 131072 (ids; one til
 TILE = 2048  # the fused mass kernel's tile
 BOX = 256  # ids per row of a descriptor's box (TMA: at most 256 per dimension)
 LOG2E = tl.constexpr(1.4426950408889634)
-ACCEPT_SHARE = 0.71  # requests whose bonus row the sampler reads at B = 256, K = 1 (RESULTS, session 29)
+ACCEPT_SHARE = 0.71  # requests whose bonus row the sampler reads at B = 256, K = 1 (this benchmark's drafts)
 
 
 @triton.jit

@@ -65,6 +65,7 @@ class Check:
     evaluate: object  # (TemplateTally, numpy Generator) -> Verdict
     detectable: object = None  # trials -> smallest TV detected at that many trials (before sampling)
     cells: object = None  # tally -> (observed, expected) counts over the check's cells (law checks)
+    kind: str = "statistical"  # "exact" (any deviation fails), "statistical" (a level alpha test) or "skipped"
 
     def design_detectable(self, trials: int) -> float:
         return self.detectable(trials) if self.detectable else float("nan")
@@ -202,7 +203,7 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
     def detectable(n):
         return stats.exact_detectable_rate(profile.power, n) if exact else stats.detectable_tv(profile.alpha, profile.power, df, n, steps)
 
-    return Check(name, template, design, evaluate, detectable, cells)
+    return Check(name, template, design, evaluate, detectable, cells, "exact" if exact else "statistical")
 
 
 def _step_label(d, vocab):
@@ -300,7 +301,7 @@ def _structure_check(i, profile) -> Check:
             msg,
         )
 
-    return Check("structure", i, design, evaluate, lambda n: stats.exact_detectable_rate(profile.power, n))
+    return Check("structure", i, design, evaluate, lambda n: stats.exact_detectable_rate(profile.power, n), kind="exact")
 
 
 def _length_check(i, length_law, profile) -> Check:
@@ -360,7 +361,7 @@ def _skipped(name, i, reason) -> Check:
     def evaluate(tally, rng) -> Verdict:
         return Verdict("skipped", None, None, None, None, 0.0, tally.trials, float("nan"), None, None, reason)
 
-    return Check(name, i, 0, evaluate)
+    return Check(name, i, 0, evaluate, kind="skipped")
 
 
 def _outcomes(tally: TemplateTally) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 ``DeviceTrials.prepare`` and ``DeviceTally.finish`` written with torch ops cost 58-213 and
 74-100 operations per scenario: on a GPU their launch overhead, not their work, set the
-harness's share of a run (issue 8). These kernels compute the same integers, bit for bit
+harness's share of a run (benchmarks/RESULTS.md#sampling-loop-overhead). These kernels compute the same integers, bit for bit
 (``suites/test_device_path.py`` compares them with the host path, under the interpreter in
 the CPU suite and on a GPU in its ``cuda-kernels`` cases):
 
@@ -16,7 +16,7 @@ the CPU suite and on a GPU in its ``cuda-kernels`` cases):
   template and the first of them;
 * ``repeat_rows``: a chunk's logits, the templates' rows repeated trial after trial, in one
   vectorized pass (``Tensor.repeat`` copies from a stride-0 view element by element: 15 of
-  the 32 ms the harness added to the `gpu` catalog's device time on an H100, session 10).
+  the 32 ms the harness added to the `gpu` catalog's device time on an H100).
 """
 
 import torch
@@ -171,9 +171,9 @@ def _count_shared(counts, cell, mask, BLOCK: tl.constexpr):
 
 
 # Copies of the cells when they are few (the small vocabularies' 300-1200 cells): up to 64,
-# one per program. On an H100 they cut the tally of 600,000 trials at V = 32 from 0.42 ms
+# one per program. On an H100 they cut the tally of 600,000 trials at V = 32 from 0.45 ms
 # to 0.11 ms; at 27,000 cells the zeroing and summing cost more than they save
-# (benchmarks/bench_tally.py, RESULTS.md session 11).
+# (benchmarks/bench_tally.py, benchmarks/RESULTS.md#tally-kernel).
 MAX_COPIES = 64
 FEW_CELLS = 4096
 

@@ -8,10 +8,8 @@ Plotly renders a subset of HTML in text.
 
 import html
 import json
-import os
 from functools import lru_cache
-
-TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reports", "templates")
+from importlib.resources import files
 
 
 @lru_cache(maxsize=1)
@@ -22,8 +20,8 @@ def plotly_js() -> str:
 
 
 def _template(name: str) -> str:
-    with open(os.path.join(TEMPLATES, name)) as f:
-        return f.read()
+    """A file of ``harness/templates``, read from the installed package."""
+    return files("harness").joinpath("templates", name).read_text()
 
 
 def json_for_script(data) -> str:
@@ -32,7 +30,7 @@ def json_for_script(data) -> str:
 
 
 def page(title: str, data: dict, script: str) -> str:
-    """A complete page: ``script`` (a file in reports/templates) renders ``data``."""
+    """A complete page: ``script`` (a file in harness/templates) renders ``data``."""
     return "\n".join(
         [
             "<!doctype html><html lang='en'><head><meta charset='utf-8'>",

@@ -1,7 +1,7 @@
 """Run outputs: ``results.json``, a self-contained ``index.html``, scenario files.
 
 Reads records only; never recomputes a statistic. The page is built by
-``reports/templates/run.js`` from the results document (``harness.html``).
+``harness/templates/run.js`` from the results document (``harness.html``).
 """
 
 import os

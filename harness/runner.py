@@ -328,7 +328,7 @@ def _sample_on_device(backend, scenario: Scenario, templates, count: int, profil
             return Started.complete(_all_malformed([TemplateTally(d, scenario.vocab_size) for d in effective], count, str(e)))
         tally.add(tokens, emitted, done)
         if done == 0:
-            same = _same_on_device(backend, batch, tally, n)
+            same = _same_on_device(backend, built, batch, tally, n)
         done += n
     queued = tally.start_finish(built.drafts)
 
@@ -342,17 +342,27 @@ def _sample_on_device(backend, scenario: Scenario, templates, count: int, profil
     return Started(tallies, queued.ready)
 
 
-def _same_on_device(backend, batch, tally, n: int):
-    """A device bool: whether sampling ``batch`` (trials 0..n) again emits what ``tally``
-    holds for them; None when the second call gives no well-formed outputs."""
+def _same_on_device(backend, built, batch, tally, n: int):
+    """A device bool: whether the backend emits the same tokens twice for the same inputs;
+    None when a call gives no well-formed outputs. On CUDA the first chunk (trials 0..n, in
+    ``tally``) is sampled again: its shapes are compiled already. On the CPU, where a Triton
+    kernel is interpreted and a chunk can take minutes, one trial is sampled twice."""
     import torch
 
-    try:
-        tokens, emitted = checked_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts)
+    def call(b):
+        tokens, emitted = checked_outputs(backend.sample(b), b.num_requests, b.max_drafts)
         check_integer_outputs(tokens, emitted)
+        return torch.as_tensor(tokens).clone(), torch.as_tensor(emitted).clone()  # outputs may live in reused buffers
+
+    try:
+        if torch.device(built.device).type == "cpu":
+            one, _ = built.chunk(0, 1)
+            (first_tokens, first_emitted), (tokens, emitted) = call(one), call(one)
+        else:
+            tokens, emitted = call(batch)
+            first_tokens, first_emitted = tally.tokens[:n].reshape(tokens.shape), tally.emitted[:n].reshape(emitted.shape)
     except ValueError:
         return None
-    first_tokens, first_emitted = tally.tokens[:n].reshape(tokens.shape), tally.emitted[:n].reshape(emitted.shape)
     shown = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < first_emitted[:, None]
     return (first_emitted == emitted).all() & ((first_tokens == tokens) | ~shown).all()
 
@@ -468,7 +478,8 @@ def _failure(e: Exception) -> tuple:
 # are read, while the process's tensors take less than this share of the device's memory.
 # Deep enough that the host prepares all of the `gpu` catalog's small scenarios (host-bound:
 # about 2 ms of host work each) while its large-vocabulary one samples (0.18 s on an H100);
-# 16 ahead left the last 20 to be prepared after it, with the device idle (session 10).
+# 16 ahead left the last 20 to be prepared after it, with the device idle
+# (benchmarks/RESULTS.md#sampling-loop-overhead).
 STREAM_AHEAD = 64
 STREAM_MEMORY_SHARE = 0.25
 
@@ -512,7 +523,7 @@ def _memory_full(backend) -> bool:
     device = torch.cuda.current_device()
     total = torch.cuda.get_device_properties(device).total_memory
     # The allocator's own counter: torch.cuda.memory_allocated flattens every statistic into a
-    # dict first, about 0.2 ms a call under cProfile (session 10).
+    # dict first, about 0.2 ms a call under cProfile.
     allocated = torch._C._cuda_memoryStats(device)["allocated_bytes"]["all"]["current"]
     return allocated > STREAM_MEMORY_SHARE * total / gpu_sharers()
 

@@ -246,10 +246,10 @@ def _hands_on_early(device: str, time_backend: bool, profile: Profile) -> bool:
     a stream's share (``runner.STREAM_MEMORY_SHARE``) and one call beyond it, at
     ``CALL_BYTES_PER_LOGIT``. A whole scenario of the ``gpu`` profile (2^30 logits a call),
     its inputs included, allocated at most 9.7 bytes per logit with vLLM MRV2 and 6.7 with
-    triton (H100, session 15; it reserved up to 3x that). Within a process torch's allocator
+    triton (H100, benchmarks/RESULTS.md#sampling-loop-overhead; it reserved up to 3x that). Within a process torch's allocator
     returns its cached blocks and retries before it fails; across the two workers of an early
     hand-on it cannot, so this rests on measurement: two runs of two MRV2 workers in turns
-    and a whole three-backend run met no out-of-memory error (session 15).
+    and a whole three-backend run met no out-of-memory error.
     Otherwise this worker returns its cache and hands the turn on once its items are done."""
     if time_backend:
         return False

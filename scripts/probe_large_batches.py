@@ -1,4 +1,5 @@
-"""Does the Triton sampler fault on very large batches of stride-0 rows? (session 9)
+"""Does the Triton sampler fault on very large batches of stride-0 rows? (The open CUDA fault in
+``docs/verification-results.md``; the last outputs: ``benchmarks/data/probe_large_batches_h100.txt``.)
 
 One case per process, so that a CUDA fault does not poison the next case:
 ``CUDA_LAUNCH_BLOCKING=1 python scripts/probe_large_batches.py V K B greedy|standard staged|fused``.

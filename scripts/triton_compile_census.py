@@ -1,5 +1,6 @@
 """Where a pytest run's Triton compile time goes: every kernel compile, with the test that
-triggered it, its constexprs and its seconds (issue 8: the GPU suite's wall time).
+triggered it, its constexprs and its seconds (the GPU suite's wall time:
+``benchmarks/RESULTS.md#gpu-suite-wall-time``).
 
 Usage: ``python scripts/triton_compile_census.py OUT.json [pytest args...]``. Patches
 ``triton.compiler.compile`` before any kernel launches, then runs pytest in this

@@ -1,4 +1,4 @@
-"""The benchmarks' hooks into the fused path (issue 3): launch constants set from the command
+"""The benchmarks' hooks into the fused path: launch constants set from the command
 line (``bench_kernels.set_constants``) and the call cut after its first kernels
 (``ab_fused.cut_after``). Both time variants of the sampler on a GPU without a second copy of
 its code, so both must do what they say; checked here under the interpreter. That the

@@ -182,7 +182,8 @@ def test_the_fuzzer_finds_planted_faults(fault):
     assert len(found.requests) <= 2 and max(r.num_drafts for r in found.requests) <= 3
 
 
-# The example the GPU fuzzer found for vLLM V1 (session 6): draft id 0 is outside the top-k draft.
+# The example the GPU fuzzer found for vLLM V1 (docs/verification-results.md): draft id 0 is outside
+# the top-k draft.
 V1_TOPK_ZERO = {
     "draft_probs": True, "draft_vocab_size": None, "drafts": "fixed", "dtype": "float32", "method": "standard",
     "name": "fuzz", "positions": "random", "seed": 0, "slots": "identity", "synthetic": None, "tags": [],
@@ -205,8 +206,8 @@ def test_draft_probability_vanishes_only_where_the_target_keeps_mass():
     assert not draft_probability_vanishes(flat) and not draft_probability_vanishes(sampled)
 
 
-# The example the GPU fuzzer found for vLLM V1 (session 7): a placeholder draft with draft
-# probabilities (V1 emits from the residual of the placeholder's draft row, not the target).
+# The example the GPU fuzzer found for vLLM V1 (docs/verification-results.md): a placeholder draft
+# with draft probabilities (V1 emits from the residual of the placeholder's draft row, not the target).
 V1_PLACEHOLDER = {
     "draft_probs": True, "draft_vocab_size": None, "drafts": "fixed", "dtype": "float32", "method": "standard",
     "name": "fuzz", "positions": "random", "seed": 0, "slots": "identity", "synthetic": None, "tags": [],

@@ -14,7 +14,7 @@ from harness.history import HistoryError, append_run, load
 from harness.profiles import get_profile
 from harness.report import write_outputs
 from harness.runner import run
-from suites.browser import Browser, unavailable
+from suites.browser import launch, open_page, unavailable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCREENSHOTS = os.path.join(ROOT, "reports", "screenshots")
@@ -33,44 +33,44 @@ def run_doc(tmp_path_factory):
     return write_outputs(result, str(out), argv=["python", "-m", "harness", "run"])
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser():
-    b = Browser()
-    yield b
-    b.close()
+    """One Chromium for the module; each test opens its own page (a fresh context)."""
+    with launch() as b:
+        yield b
 
 
 @needs_browser
 def test_run_report_renders_without_errors(run_doc, browser):
-    browser.open(run_doc["report"])
-    assert browser.evaluate("document.querySelectorAll('table tr').length") > 20
-    opened = browser.evaluate(
-        "(async () => { for (const d of document.querySelectorAll('details')) d.open = true;"
-        " await new Promise(r => setTimeout(r, 1500)); return document.querySelectorAll('.js-plotly-plot .main-svg').length; })()"
-    )
-    assert opened >= 6, f"only {opened} chart layers rendered"
-    assert browser.evaluate("document.querySelectorAll('.js-plotly-plot .point, .js-plotly-plot path.point').length") > 0
-    # Filtering by verdict leaves only failing rows.
-    shown = browser.evaluate(
-        "(() => { const s = document.getElementById('filter-verdict'); s.value = 'fail'; s.dispatchEvent(new Event('change'));"
-        " return [...document.querySelectorAll('td.verdict')].map(td => td.textContent); })()"
-    )
-    assert shown and set(shown) == {"fail"}
-    os.makedirs(SCREENSHOTS, exist_ok=True)
-    browser.screenshot(os.path.join(SCREENSHOTS, "run-report.png"))
-    assert browser.errors() == []
+    with open_page(browser, run_doc["report"]) as (page, errors):
+        assert page.evaluate("document.querySelectorAll('table tr').length") > 20
+        opened = page.evaluate(
+            "(async () => { for (const d of document.querySelectorAll('details')) d.open = true;"
+            " await new Promise(r => setTimeout(r, 1500)); return document.querySelectorAll('.js-plotly-plot .main-svg').length; })()"
+        )
+        assert opened >= 6, f"only {opened} chart layers rendered"
+        assert page.evaluate("document.querySelectorAll('.js-plotly-plot .point, .js-plotly-plot path.point').length") > 0
+        # Filtering by verdict leaves only failing rows.
+        shown = page.evaluate(
+            "(() => { const s = document.getElementById('filter-verdict'); s.value = 'fail'; s.dispatchEvent(new Event('change'));"
+            " return [...document.querySelectorAll('td.verdict')].map(td => td.textContent); })()"
+        )
+        assert shown and set(shown) == {"fail"}
+        os.makedirs(SCREENSHOTS, exist_ok=True)
+        page.screenshot(path=os.path.join(SCREENSHOTS, "run-report.png"), full_page=True)
+        assert errors == []
 
 
 @needs_browser
 def test_injected_markup_is_shown_as_text_not_run(run_doc, browser):
-    browser.open(run_doc["report"])
-    assert browser.evaluate("window.__pwned === undefined")
-    assert browser.evaluate(f"document.body.textContent.includes({json.dumps(EVIL)})")
-    assert browser.evaluate("document.querySelectorAll('body img').length") == 0
-    with open(run_doc["report"]) as f:
-        text = f.read()
-    assert EVIL not in text and "</script><script>window.__pwned" not in text
-    assert browser.errors() == []
+    with open_page(browser, run_doc["report"]) as (page, errors):
+        assert page.evaluate("window.__pwned === undefined")
+        assert page.evaluate(f"document.body.textContent.includes({json.dumps(EVIL)})")
+        assert page.evaluate("document.querySelectorAll('body img').length") == 0
+        with open(run_doc["report"]) as f:
+            text = f.read()
+        assert EVIL not in text and "</script><script>window.__pwned" not in text
+        assert errors == []
 
 
 def test_report_is_self_contained(run_doc):
@@ -162,9 +162,9 @@ def test_drift_page_renders(run_doc, tmp_path, browser):
         append_run(path, run_doc["document"], label)
     out = str(tmp_path / "drift.html")
     assert main(["report", "--history", path, "--out", out]) == 0
-    browser.open(out)
-    assert browser.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length") >= 1
-    assert browser.evaluate("window.__pwned === undefined")
-    os.makedirs(SCREENSHOTS, exist_ok=True)
-    browser.screenshot(os.path.join(SCREENSHOTS, "drift.png"))
-    assert browser.errors() == []
+    with open_page(browser, out) as (page, errors):
+        assert page.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length") >= 1
+        assert page.evaluate("window.__pwned === undefined")
+        os.makedirs(SCREENSHOTS, exist_ok=True)
+        page.screenshot(path=os.path.join(SCREENSHOTS, "drift.png"), full_page=True)
+        assert errors == []

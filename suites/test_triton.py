@@ -901,8 +901,9 @@ def test_gpu_fused_equals_staged(vocab, b, k, chain_only, equal_counts):
     methods only, where the flags carry the chain; or K drafts each, where the statistics kernel
     finds its rows without ``cu``). With
     the staged path's exact-law checks this verifies the fused path's law; the whole ``gpu``
-    catalog on the fused path also passed on an H100 (docs/verification-results.md, session
-    4) but takes minutes, mostly compiling, so it is not part of ``-m gpu``."""
+    catalog on the fused path also passed on an H100 (``python -m harness run --backend
+    harness.backends.triton_fused:FusedTritonBackend --profile gpu --device cuda``) but takes
+    minutes, mostly compiling, so it is not part of ``-m gpu``."""
     flags = _CHAIN_ONLY if chain_only else {}
     for seed in range(2):
         args = _device_mixed_batch(vocab, b, k, seed, chain_only=chain_only, equal_counts=equal_counts)

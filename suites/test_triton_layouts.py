@@ -1,6 +1,6 @@
 """The fused kernels as this machine's Triton compiles them for an H100 (sm_90), on the CPU machine.
 
-Triton picks a register layout per tile. Twice (issue 3, session 14) a change made it lay a
+Triton picks a register layout per tile. Twice a kernel change made it lay a
 2048-wide vocabulary tile out a second way and convert between the two: a shared-memory
 round trip per tile and 16,000 lines of PTX instead of 1,600, found only by timing on a GPU.
 These tests plan the fused path's CUDA launches (tiles, grids, arguments) for a few batches,
@@ -210,7 +210,7 @@ def test_flags_carry_the_chain_only_for_one_chain_request_a_block(b, vocab, flag
 def test_statistics_tiles_evict_first_between_its_draft_counts(b, k, told):
     """The statistics kernel loads its tiles ``evict_first`` for B K draft rows from
     ``_STATS_EVICT_FIRST_MIN_DRAFTS`` to ``_STATS_EVICT_FIRST_MAX_DRAFTS`` (16 to 512), not
-    outside (the calls it measured slower there, issue 3, session 43)."""
+    outside (the calls measured slower there: ``benchmarks/RESULTS.md#fused-path-ab``)."""
     stats = cuda_launches(b, k, 4096, True)[0]
     assert stats[0] is tf._fused_stats_kernel
     assert dict(zip(stats[0].arg_names, stats[1]))["EVICT_FIRST"] is told

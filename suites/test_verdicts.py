@@ -210,3 +210,9 @@ def test_a_backends_own_output_goes_to_a_log_under_out(tmp_path, capfd):
     assert code == 0 and "noisy: " not in captured.out + captured.err
     (log,) = (out / "backends").iterdir()
     assert "noisy: fd 2 in sample" in log.read_text() and "noisy: print at import" in log.read_text()
+
+
+def test_repeatability_is_asked_of_device_batch_backends_too():
+    scenarios = [SCENARIOS["standard-sampled"]]
+    result = run([B + "UnrepeatableOnDevice", B + "RepeatableOnDevice"], scenarios, PROFILE)
+    assert result.unrepeatable == {B + "UnrepeatableOnDevice": ["standard-sampled"]}

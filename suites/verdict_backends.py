@@ -107,3 +107,29 @@ class Unrepeatable:
 class Errors:
     def sample(self, batch):
         raise RuntimeError("kernel launch failed: out of shared memory")
+
+
+class _DeviceBatches:
+    """Takes device batches (torch tensors, here on the CPU) and emits one token: 0, or a
+    random id when ``noisy``."""
+
+    device_batches = True
+    devices = ("cpu",)
+    noisy = False
+
+    def sample(self, batch):
+        import torch
+
+        rows = batch.cu_num_drafts.shape[0] - 1
+        tokens = torch.zeros((rows, batch.max_drafts + 1), dtype=torch.int64)
+        if self.noisy:
+            tokens[:, 0] = torch.randint(0, 1 << 30, (rows,))  # two calls agree with probability 2^-60
+        return tokens, torch.ones(rows, dtype=torch.int64)
+
+
+class RepeatableOnDevice(_DeviceBatches):
+    pass
+
+
+class UnrepeatableOnDevice(_DeviceBatches):
+    noisy = True

@@ -16,6 +16,8 @@
 
 import difflib
 import importlib
+import os
+import sys
 
 from harness.faults import FAULTS
 from harness.triton_faults import TRITON_FAULTS
@@ -126,6 +128,10 @@ def load_backend(name: str):
 
 def _load_dotted(name: str):
     module_name, _, attr = name.partition(":")
+    # As with `python -m`: a user's adapter in the folder they run from is importable from
+    # the console script and the pytest plugin too.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

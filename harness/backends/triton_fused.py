@@ -15,8 +15,9 @@ scratch is not zeroed):
   rejected, else 1; with one request per block and no strict or block requests 1 + rejected +
   2 n, so that a mass program loads nothing of the chain: ``_flag_chain``): a kernel two
   programmatic launches behind may start before the first has
-  ended (``benchmarks/pdl_overlap.py``; on an H100, session 27, in 8 of 10 tries the third of
-  three kernels started 12-25 us before the first ended and read its flag unset);
+  ended (``benchmarks/pdl_overlap.py``, ``benchmarks/RESULTS.md#programmatic-launch-overlap``: on
+  an H100, in 8 of 10 tries the third of three kernels started 12-25 us before the first ended
+  and read its flag unset);
 * after a rejection, the candidate kernel's (1; under ``_flag_chain`` 1 + (a candidate kept)):
   a mass program would otherwise sum the masses of a request whose candidate is kept, and the
   pick kernel, which waits for the whole mass kernel, could read the block's candidates before
@@ -24,10 +25,10 @@ scratch is not zeroed):
 The candidate programs of a block without a rejection are waited for by no later kernel of the
 call: they only raise their flag, and work launched after the call without PDL (the next call's
 statistics kernel; PyTorch's kernels, which may reuse the scratch) waits for them. A ``gdc_wait``
-ending each mass program would close that, at 2.4-2.9 us of 127-145 at B = 256, K = 1 (session 27).
+ending each mass program would close that, at 2.4-2.9 us of 127-145 at B = 256, K = 1 on an H100.
 At B = 256, K = 1, V = 131072 on an H100 the wait for the whole candidate kernel had cost 6.9 us
-of 134.4 (session 26); having the candidate kernel wait for the chain before the mass kernel
-may launch, with no chain flag, cost 1.7 us of those back (session 27). At up to
+of 134.4; having the candidate kernel wait for the chain before the mass kernel may launch, with
+no chain flag, cost 1.7 us of those back (both: ``benchmarks/RESULTS.md#tried-and-not-kept``). At up to
 ``_PICK_IN_MASS_MAX_BLOCKS`` blocks the flags' atomics cost more (0.6-1.0 us at B = 1) than
 the wait they save, and the mass kernel waits with ``gdc_wait``:
 
@@ -79,12 +80,12 @@ statistics kernel reads a 4096-id split as one tile where the staged kernel read
 rescales its running sum once, and Triton lays a kernel's tiles out by what the kernel loads
 (beside a bf16 draft tile, the fused kernel's fp32 target tile is laid out like the draft's,
 seen compiling with Triton 3.8): the fp32 split sums differ in the last bits. On an H100
-(Triton 3.6, session 15's equal tiles) the per-split sums were 1-4 ulps apart and the final
+(Triton 3.6, both paths then reading equal tiles) the per-split sums were 1-4 ulps apart and the final
 log-sums 1-3 ulps in some rows; the merges gave equal bits from equal partials; maxima,
 argmaxes and flags are equal. A draw from the masses moves only when its uniform lies within
 such an ulp of a token's boundary (about 1e-7 of draws). A residual candidate is placed by the
 stored tile and group sums, whose last-bit differences shift the boundaries inside the chosen
-group by the row's mass over the group's: on an H100 (session 22) one request of 1,024 at
+group by the row's mass over the group's: on an H100 (docs/verification-results.md) one request of 1,024 at
 B = 1024, K = 8 (V = 131072, and again at 152064, where 92% rejected) drew the neighbouring id
 on one path, none at B = 512, K = 8 or B = 1024, K <= 4; with candidates off the paths agreed
 on every token. Either token has the residual's law up to that rounding.
@@ -342,7 +343,7 @@ def _fused_stats_kernel(
     # Request-major: a lane block's ``runs`` runs of splits (target, then draft) are consecutive
     # programs, which read its rows in order: 0.4-5.5% less graph time at B = 256-1024 on an H100
     # than each split of every row in turn; at B = 64 from 1.8 us less to 1.1 us more, at B = 1
-    # within the spread (benchmarks/RESULTS.md, issue 3, session 20).
+    # within the spread.
     lane = tl.program_id(0) // runs * BLOCK_R + tl.arange(0, BLOCK_R)
     first = tl.program_id(0) % runs * per
     t_firsts = tl.cdiv(T_NSPLIT, per) * per  # where the draft's programs start, in splits
@@ -816,13 +817,13 @@ _STATS_MAX_SPLITS = 4  # most splits one statistics program reads
 # 48 suffice with no spill (benchmarks/kernel_resources.py, and on an H200; 40 spill). At 48 an
 # SM holds 10 of its programs, not 8 as at 64: on an H200 2.9-3.4 us less at B = 256, K = 1,
 # V = 131072, up to 1.5 us less at the other shapes timed, B = 1 within its spread
-# (benchmarks/RESULTS.md, issue 3, session 39; not yet measured on an H100). The cap changes only
+# (benchmarks/RESULTS.md#kernel-registers; not yet measured on an H100). The cap changes only
 # ptxas's register allocation, not the arithmetic or its order: the tokens are the same.
 _STATS_MAX_REGISTERS = 48
 # Up to this many request blocks, the last mass program of each block picks its tokens (no
 # fourth launch; up to 0.9 us less at B = 1 on an H100). Above, the pick's registers cost the
-# mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 (benchmarks/RESULTS.md,
-# issue 3, session 16). The tokens are the same either way.
+# mass kernel occupancy: 1-7% more time at B = 64-1024, V >= 131072 on an H100
+# (benchmarks/RESULTS.md#tried-and-not-kept). The tokens are the same either way.
 _PICK_IN_MASS_MAX_BLOCKS = 8
 # Between these counts of a call's draft rows (B K where every request has K) the statistics kernel
 # loads its tiles ``evict_first`` (``_row_tile``): its rows are read once, so their lines go before
@@ -832,7 +833,7 @@ _PICK_IN_MASS_MAX_BLOCKS = 8
 # took 0.6 us more at B = 1, K = 8 (the chain and the candidates read lines of its rows again) and
 # 0.5-8.8 us more at 1024 draft rows and more (B = 1024, K = 1 and 4; B = 256, K = 4). With clean
 # lines in L2 it took 0.5-0.9 us less at B = 256, K = 1 and 12 us less at B = 1024, K = 1 and
-# B = 256, K = 4 (benchmarks/RESULTS.md, issue 3, session 43). A hint only: the outputs are the same.
+# B = 256, K = 4 (benchmarks/RESULTS.md#fused-path-ab). A hint only: the outputs are the same.
 _STATS_EVICT_FIRST_MIN_DRAFTS = 16
 _STATS_EVICT_FIRST_MAX_DRAFTS = 512
 
@@ -840,9 +841,9 @@ _STATS_EVICT_FIRST_MAX_DRAFTS = 512
 # Up to this many steps (``KP``: K + 1 padded to a power of two, at least 2, so K <= 1), the chain
 # kernel reads the caller's tensors before it waits for the statistics kernel and takes the
 # statistics it merged from registers (``INPUTS_FIRST``). At K = 1 on an H200 that took 0.5 us off B = 256,
-# V = 131072, 0.9-1.2 off V = 152064, B = 1 and B = 1024 (session 41); at K = 8 the chain
+# V = 131072, 0.9-1.2 off V = 152064, B = 1 and B = 1024; at K = 8 the chain
 # kernel's registers went from 80 to 148 and it cost 1.3-1.5 us at B = 1 and 64, and 1.0 us at
-# B = 256, K = 4 (session 40; benchmarks/RESULTS.md, issue 3). The outputs are the same.
+# B = 256, K = 4 (benchmarks/RESULTS.md#tried-and-not-kept). The outputs are the same.
 _INPUTS_FIRST_MAX_STEPS = 2
 
 
@@ -860,15 +861,14 @@ def _flag_chain(lanes: int, has_strict: bool, has_block: bool, pdl: bool, pick_i
     load after them (strict and block requests need n_eff and the running ratios). In the
     benchmark's batches (standard requests with draft probabilities), at B = 256, K = 1 on an H200,
     the mass kernel went from 48 registers to 40 and the call took 1.3 us
-    less at V = 131072, 2.0 us less at 152064 (2.9 at B = 1024), 0.7 us more at B = 256, K = 4
-    (benchmarks/RESULTS.md, issue 3, session 40). The outputs are the same."""
+    less at V = 131072, 2.0 us less at 152064 (2.9 at B = 1024), 0.7 us more at B = 256, K = 4.
+    The outputs are the same."""
     return pdl and not pick_in_mass and lanes == 1 and not (has_strict or has_block)
 
 
 # Programmatic dependent launch (Hopper and later): each kernel after the statistics kernel is
 # launched while the previous one runs and waits for it on the device (the mass kernel before a
-# pick kernel: on its block's flags), which hides its launch (1-3 us less per call on an H100;
-# benchmarks/RESULTS.md, issue 3, session 18).
+# pick kernel: on its block's flags), which hides its launch (1-3 us less per call on an H100).
 _PDL = True
 
 
@@ -902,9 +902,9 @@ def _stats_splits_per_program(rows: int, nsplit: int) -> int:
     """Splits one ``_fused_stats_kernel`` program reads, one after the other: one each while
     a call has at most about ``_STATS_PROGRAMS`` (rows x splits), else enough to stay near
     that, up to ``_STATS_MAX_SPLITS``. At B = 1 a program's time is its loads' latency; at
-    B = 1024, K >= 4 one split per program took 5-7% longer (session 17), and a bound of
-    8192 programs rather than 32768 took 0-4% less time at B = 256-1024 (session 18; H100,
-    benchmarks/RESULTS.md, issue 3). A split's partials do not depend on which program reads it, so
+    B = 1024, K >= 4 one split per program took 5-7% longer, and a bound of 8192 programs
+    rather than 32768 took 0-4% less time at B = 256-1024 (H100; other bounds:
+    benchmarks/RESULTS.md#tried-and-not-kept). A split's partials do not depend on which program reads it, so
     neither do the outputs."""
     return min(_STATS_MAX_SPLITS, nsplit, max(1, cdiv(rows * nsplit, _STATS_PROGRAMS)))
 
@@ -981,8 +981,8 @@ def verify_fused(
     # Every request has K drafts: the host knows it from the draft count alone (B K tokens, at
     # most K each), and the statistics kernel then finds its rows without loading ``cu``. On an
     # H200 0.7-1.0 us less at B = 256, K = 1, V = 131072, up to 0.5 us less at the other shapes
-    # timed (benchmarks/RESULTS.md, issue 3, session 41). The outputs are the same. A constexpr:
-    # as a runtime argument, a ragged batch's code took 2 us more there than before the change.
+    # timed. The outputs are the same. A constexpr: as a runtime argument, a ragged batch's code
+    # took 2 us more there than before the change (benchmarks/RESULTS.md#tried-and-not-kept).
     equal_counts = n_d == b * ks
     evict_first = _STATS_EVICT_FIRST_MIN_DRAFTS <= n_d <= _STATS_EVICT_FIRST_MAX_DRAFTS
     runs = cdiv(t_nsplit, per) + (cdiv(d_nsplit, per) if has_draft else 0)  # runs of splits per lane block

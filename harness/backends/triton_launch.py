@@ -2,8 +2,8 @@
 
 ``kernel[grid](*args)`` binds and specializes every argument, hashes the cache key, checks
 the kernel's global values and builds launch metadata on every call: 24-65 us of host time
-per launch of the sampler's kernels on H100 hosts (Triton 3.6; benchmarks/RESULTS.md,
-issue 3, session 13), against 21-42 us through this module (key and launcher). The staged
+per launch of the sampler's kernels on H100 hosts (Triton 3.6; benchmarks/RESULTS.md#host-launch-time),
+against 21-42 us through this module (key and launcher). The staged
 sampler launches 8-10 kernels per batch, so eager calls were host-bound.
 
 ``launch(fn, grid, *args, **options)`` sends the first call of each specialization through

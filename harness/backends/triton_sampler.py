@@ -178,7 +178,7 @@ def _stats_step(a, m, s, best, start, scale, FAULT: tl.constexpr):
     is the kernel's choice (Triton 3.8 for sm_90: beside a bf16 draft tile, an fp32 target tile
     is laid out 8 ids per thread, alone 4): the fused and staged kernels' sums can differ in
     the last bits. Exact int64 fixed-point sums removed that on an H100 (Triton 3.6), but made
-    a call 4-8% slower at K = 4-8, B = 256-1024 (benchmarks/RESULTS.md, issue 3, session 15)."""
+    a call 4-8% slower at K = 4-8, B = 256-1024 (benchmarks/RESULTS.md#tried-and-not-kept)."""
     tile_max = tl.max(a, axis=1)
     if FAULT == _GREEDY_TIE_HIGHEST:
         best = tl.where(tile_max >= m, start, best)
@@ -329,7 +329,7 @@ def _merge_splits(parts_m, parts_s, parts_arg, parts_nan, scale, FAULT: tl.const
     split holding the max (lowest id wins ties) and the NaN flag. One reduction per field,
     not a step per split (a chain of dependent reductions on the small-batch critical path).
     The rescaled fp32 terms add in fp64: on an H100 the staged ``_combine_kernel`` and the fused
-    chain kernel gave the same bits from the same partials (benchmarks/RESULTS.md, session 15)."""
+    chain kernel gave the same bits from the same partials (docs/verification-results.md)."""
     axis: tl.constexpr = len(parts_m.shape) - 1
     sp = tl.arange(0, parts_m.shape[axis])
     m = tl.max(parts_m, axis=axis)
@@ -436,7 +436,7 @@ def _target_tile(t_logits, t_stride, trow, active, cols, in_range, need_max):
     ``need_max`` (a target-row draw) needs it, else at least ``_LOWEST`` (an empty tile)."""
     # evict_first: this is the last full read of the draw's rows (a rejected row's second, after the
     # statistics), so they should not push other lines out of L2: 1.5-2.5% less time at
-    # B = 256-1024, K = 1 on the fused path on an H100 (benchmarks/RESULTS.md, issue 3, session 19).
+    # B = 256-1024, K = 1 on the fused path on an H100.
     a = tl.load(t_logits + trow.to(tl.int64) * t_stride + cols, mask=active & in_range, other=float("-inf"), eviction_policy="evict_first")
     a = a.to(tl.float32)
     tile_m = tl.zeros([a.shape[0], 1], tl.float32)
@@ -540,8 +540,7 @@ def _split_tile_masses(
         # sums without a residual's draft tile, second exp2 and selects, half the instructions
         # of a tile (216 against about 436 for sm_90). The mass kernel was bound by their issue
         # as much as by its loads: a call at B = 256, K = 1 took 2.6 us less on an H100 and
-        # 6.6 us less on an H200, whose bandwidth does not shorten issue time
-        # (benchmarks/RESULTS.md, issue 3, session 24).
+        # 6.6 us less on an H200, whose bandwidth does not shorten issue time.
         for start in range(lo, hi, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)[None, :]
             t, tile_m = _target_tile_weights(t_logits, t_stride, trow, scale, active, cols, cols < hi)
@@ -1038,8 +1037,8 @@ def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | Non
     took 1.08-1.10 of vLLM MRV2's time in 15 splits of five tiles, 0.97-0.99 in 38 splits,
     each read as one tile (``_stats_width``). At large batches the fused path reads several
     splits per program (``_stats_splits_per_program``; one each cost 5-7% at B = 1024,
-    K >= 4) and sums masses over spans of its own (``_mass_split_len``) (H100,
-    benchmarks/RESULTS.md, issue 3, session 17). The interpreter pays per operation, so CPU
+    K >= 4) and sums masses over spans of its own (``_mass_split_len``) (H100; other tile
+    policies: benchmarks/RESULTS.md#tried-and-not-kept). The interpreter pays per operation, so CPU
     tiles are large and unsplit. ``block_v`` / ``splits`` override (tests)."""
     budget = 2048 if cuda else 1 << 18  # elements per tile
     block_v = block_v or min(next_power_of_2(vocab), 2048 if cuda else 1 << 16)
@@ -1053,10 +1052,10 @@ def _tiles(vocab: int, cuda: bool, block_v: int | None = None, splits: int | Non
 # rejection from the target row, reading one group of ids of the target and draft rows per
 # candidate instead of both rows whole (a second read after the statistics'). With ``_CANDIDATES``
 # candidates a request falls back to the residual's masses over the whole row with probability
-# (1 - R)^N, R the residual's mass (the rejection's chance at that step). On an H100 (issue 3,
-# session 21, benchmarks/RESULTS.md) they took B = 256, K = 1 from 144.0 / 165.6 us to 137.1 /
+# (1 - R)^N, R the residual's mass (the rejection's chance at that step). On an H100
+# (benchmarks/RESULTS.md#residual-candidates) they took B = 256, K = 1 from 144.0 / 165.6 us to 137.1 /
 # 154.0 (V = 131072 / 152064) and B = 1, K = 8, V = 152064 from 21.9 to 24.0, 21.3 once the
-# candidate kernel finished a request whose candidate it kept (session 22). With 16 candidates in
+# candidate kernel finished a request whose candidate it kept. With 16 candidates in
 # the 4-warp chain kernel instead of 8 in a one-warp kernel of their own, B = 1 took 2-3x as long;
 # with candidates in the chain kernel at one warp, 64 us at B = 1, K = 8, V = 152064 (and 29.0
 # against 21.6 at V = 131072, where no draft was rejected: one warp slows the chain itself).
@@ -1196,8 +1195,7 @@ class _Context:
 # and the staged pipeline (~10 launches, a dozen allocations) above. Interpreter (CPU): up to
 # 256 requests, where the fused path's fewer programs pay. CUDA: up to 2**28 logits per row
 # position (requests x V: 8,388 requests at V = 32000, 2,048 at 131072). Measured on an H100
-# (benchmarks/RESULTS.md, issue 3, session 16; B in {1, 64, 256, 1024}, V in {32000, 131072,
-# 152064}): the fused path took 8-48% less graph time than the staged path on every shape (it
+# (B in {1, 64, 256, 1024}, V in {32000, 131072, 152064}): the fused path took 8-48% less graph time than the staged path on every shape (it
 # reads a target row less per request). Not measured: B > 1024 and V < 32000.
 FUSED_MAX_REQUESTS = 256
 FUSED_MAX_LOGITS_CUDA = 2**28
