@@ -7,10 +7,8 @@ tile-boundary vocabulary (``Profile.boundary_vocab``). Deterministic in (profile
 the same seed always gives the same scenarios.
 """
 
-import difflib
-
 from harness.profiles import Profile
-from harness.scenarios import RequestSpec, Scenario, check_seed
+from harness.scenarios import RequestSpec, Scenario, check_seed, did_you_mean
 from reference.rng import hash64
 
 R = RequestSpec
@@ -146,6 +144,5 @@ def find(scenarios: list[Scenario], name: str) -> Scenario:
     for s in scenarios:
         if s.name == name:
             return s
-    close = difflib.get_close_matches(name, [s.name for s in scenarios], n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(name, [s.name for s in scenarios])
     raise ValueError(f"scenario: no scenario named {name!r} in this profile's catalog{hint} (see 'python -m harness scenarios')")

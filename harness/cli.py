@@ -8,7 +8,6 @@ check evaluated (every check skipped or errored: it was verified on nothing).
 
 import argparse
 import dataclasses
-import difflib
 import os
 import shlex
 import sys
@@ -192,7 +191,7 @@ def _run(args) -> int:
     from harness.profiles import get_profile
     from harness.report import summary_table, write_outputs
     from harness.runner import run
-    from harness.scenarios import check_seed
+    from harness.scenarios import check_seed, did_you_mean
 
     profile = get_profile(args.profile)
     if args.alpha is not None:
@@ -207,9 +206,7 @@ def _run(args) -> int:
     scenarios, refs = _select_scenarios(args, profile)
     for name in args.exclude or ():
         if name not in {s.name for s in scenarios}:
-            close = difflib.get_close_matches(name, [s.name for s in scenarios], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(f"--exclude: no scenario named {name!r} in this run{hint}")
+            raise UsageError(f"--exclude: no scenario named {name!r} in this run{did_you_mean(name, [s.name for s in scenarios])}")
         scenarios = [s for s in scenarios if s.name != name]
     if args.vllm_src:
         from harness.backends.vllm_env import use_source_tree

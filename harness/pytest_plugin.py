@@ -94,7 +94,7 @@ class Verification:
 
     def __init__(self, config, backends, scenarios, profile, seed):
         self._config, self._backends, self._scenarios, self._profile, self._seed = config, backends, scenarios, profile, seed
-        self._result = None
+        self._result, self._records = None, {}
 
     def result(self):
         if self._result is None:
@@ -105,17 +105,19 @@ class Verification:
                 self._backends, self._scenarios, self._profile, self._seed, config.getoption("--specdec-device"),
                 isolate=True, timeout=config.getoption("--specdec-timeout"),
             )  # fmt: skip
+            for r in self._result.records:
+                self._records.setdefault(r.backend, {})[(r.scenario, r.template, r.check)] = r
         return self._result
 
     def record(self, key):
         """The record of ``key`` = (backend, scenario, template, check); else the error that
         stopped its scenario or its backend."""
         backend, scenario = key[0], key[1]
-        records = [r for r in self.result().records if r.backend == backend]
-        for r in records:
-            if (r.backend, r.scenario, r.template, r.check) == key:
-                return r
-        return next((r for r in records if r.verdict == "error" and r.scenario in (scenario, "-")), None)
+        self.result()
+        records = self._records.get(backend, {})
+        if key[1:] in records:
+            return records[key[1:]]
+        return next((r for r in records.values() if r.verdict == "error" and r.scenario in (scenario, "-")), None)
 
 
 class CheckItem(pytest.Item):

@@ -176,9 +176,9 @@ def start_scenario(backend, scenario: Scenario, templates, count: int, profile: 
     """``sample_scenario`` up to its last wait: batches built and tallied on a GPU are left
     queued there, only the host path's tallies are complete. Templates the backend declines
     are ``Declined`` in the tallies; the rest are sampled in as few batches as it accepts."""
-    groups, declined = accepted_groups(backend, scenario, templates)
+    groups, declined, reason = accepted_groups(backend, scenario, templates)
     if not groups:
-        raise Unsupported(_asked(backend, scenario, templates))
+        raise Unsupported(reason)
     started = [(group, _start_group(backend, scenario, [templates[i] for i in group], count, profile)) for group in groups]
 
     def tallies():
@@ -193,12 +193,16 @@ def start_scenario(backend, scenario: Scenario, templates, count: int, profile: 
     return Started(tallies, lambda: all(one.ready() for _, one in started))
 
 
-def accepted_groups(backend, scenario: Scenario, templates) -> tuple[list[list[int]], dict[int, str]]:
-    """(template indices in batches the backend accepts, {declined index: reason}). The whole
-    scenario in one batch when it accepts that; else each template is asked alone, and the
-    accepted ones are put together while it accepts them together."""
-    if not hasattr(backend, "supports") or _asked(backend, scenario, templates) is None:
-        return [list(range(len(templates)))], {}
+def accepted_groups(backend, scenario: Scenario, templates) -> tuple[list[list[int]], dict[int, str], str | None]:
+    """(template indices in batches the backend accepts, {declined index: reason}, why it
+    declined the whole scenario or None). The whole scenario in one batch when it accepts
+    that; else each template is asked alone, and the accepted ones are put together while it
+    accepts them together."""
+    reason = _asked(backend, scenario, templates)
+    if reason is None:
+        return [list(range(len(templates)))], {}, None
+    if len(templates) == 1:
+        return [], {0: reason}, reason
     declined = {i: _asked(backend, scenario, [t]) for i, t in enumerate(templates)}
     declined = {i: why for i, why in declined.items() if why is not None}
     groups: list[list[int]] = []
@@ -208,7 +212,7 @@ def accepted_groups(backend, scenario: Scenario, templates) -> tuple[list[list[i
             groups.append([i])
         else:
             group.append(i)
-    return groups, declined
+    return groups, declined, reason
 
 
 def _asked(backend, scenario: Scenario, templates) -> str | None:
@@ -256,10 +260,10 @@ def _repeatable(backend, scenario: Scenario, templates) -> bool | None:
             outputs.append(as_numpy_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts))
         except ValueError:
             return None
-    return same_emitted(*outputs[0], *outputs[1])
+    return _same_emitted(*outputs[0], *outputs[1])
 
 
-def same_emitted(tokens_a, emitted_a, tokens_b, emitted_b) -> bool:
+def _same_emitted(tokens_a, emitted_a, tokens_b, emitted_b) -> bool:
     """Whether two outputs emitted the same tokens (slots past ``num_emitted`` are not read)."""
     shown = np.arange(tokens_a.shape[1])[None, :] < emitted_a[:, None]
     return bool((emitted_a == emitted_b).all() and (np.where(shown, tokens_a, 0) == np.where(shown, tokens_b, 0)).all())

@@ -494,3 +494,11 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
         logits_dtype=s.dtype,
     )
     return Trials(batch=batch, drafts=drafts)
+
+
+def did_you_mean(name: str, known, prefix: str = "") -> str:
+    """``"; did you mean 'X'?"`` for the closest of ``known`` names (``prefix`` + it), or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""

@@ -14,12 +14,12 @@
 ``check_backend_name`` refuses a name none of these can be, before anything is sampled.
 """
 
-import difflib
 import importlib
 import os
 import sys
 
 from harness.faults import FAULTS
+from harness.scenarios import did_you_mean
 from harness.triton_faults import TRITON_FAULTS
 from reference.sampler import ReferenceSampler
 
@@ -82,7 +82,7 @@ def check_backend_name(name: str) -> None:
             raise ValueError(f"backend: {base!r}: expected a dotted path 'package.module:Attr'")
     else:
         raise ValueError(
-            f"backend: unknown backend {base!r}{_did_you_mean(base, builtin_names())} (built in: reference, {', '.join(NAMED)}, "
+            f"backend: unknown backend {base!r}{did_you_mean(base, builtin_names())} (built in: reference, {', '.join(NAMED)}, "
             "fault:NAME, triton-fault:NAME; or a dotted path 'package.module:Class')"
         )
 
@@ -90,13 +90,8 @@ def check_backend_name(name: str) -> None:
 def _check_fault(name: str, faults, kind: str, prefix: str) -> None:
     fault = name.split(":", 1)[1]
     if fault not in faults:
-        hint = _did_you_mean(fault, list(faults), prefix)
+        hint = did_you_mean(fault, list(faults), prefix)
         raise ValueError(f"backend: unknown {kind} {fault!r}{hint} (known: {', '.join(faults)})")
-
-
-def _did_you_mean(name: str, known: list[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"; did you mean {prefix + close[0]!r}?" if close else ""
 
 
 def load_backend(name: str):
