@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from harness.device import configure_triton, pin_xdist_worker_gpu, share_gpu_memory
+from harness.gpus import configure_triton, pin_xdist_worker_gpu, share_gpu_memory
 
 # `pytest -m gpu -n N`: xdist worker I uses GPU I mod #GPUs, chosen before anything
 # initializes CUDA; workers sharing a GPU split its memory (``share_gpu_memory``).
@@ -20,7 +20,7 @@ pin_xdist_worker_gpu()
 # run Triton kernels under TRITON_INTERPRET=1, GPU machines compile them.
 configure_triton()
 # Every cached direct launch of a Triton kernel in the suite is checked against the kernel
-# Triton itself picks (``harness.backends.triton_launch``); benchmarks and runs skip the check.
+# Triton itself picks (``harness.backends.triton.launch``); benchmarks and runs skip the check.
 os.environ.setdefault("SPECDEC_TRITON_CHECK_LAUNCH", "1")
 
 
@@ -41,7 +41,7 @@ def pytest_sessionstart(session):
 def pytest_configure(config):
     src = config.getoption("--vllm-src", default=None)
     if src:
-        from harness.backends.vllm_env import use_source_tree
+        from harness.backends.vllm.env import use_source_tree
 
         use_source_tree(src)
 
@@ -65,7 +65,7 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="session")
 def run_profile(pytestconfig):
-    from harness.profiles import get_profile
+    from harness.scenarios.profiles import get_profile
 
     return get_profile(pytestconfig.getoption("--profile"))
 

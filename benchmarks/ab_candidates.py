@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from benchmarks import bench_kernels as bk  # noqa: E402
-from harness.backends import triton_sampler as ts  # noqa: E402
+from harness.backends.triton import sampler as ts  # noqa: E402
 
 SHAPES = "256,1,131072;256,1,152064;256,4,131072;1024,1,131072;64,8,131072;64,1,131072;1,8,152064;1,1,131072"
 

@@ -3,7 +3,7 @@ per process (``benchmarks/RESULTS.md#fused-path-ab``): run it once per variant, 
 
 On a GPU machine, with an earlier version of the fused module saved beside the checkout::
 
-    git show d2d33dd:harness/backends/triton_fused.py > /tmp/fused_old.py
+    git show d2d33dd:harness/backends/triton/fused.py > /tmp/fused_old.py
     for v in old new mrv2 old new mrv2; do AB_OLD=/tmp/fused_old.py python benchmarks/ab_fused.py $v; done
 
 ``old``: ``AB_OLD``'s ``verify_fused`` (it imports the sampler's helpers from this checkout);
@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from benchmarks import bench_kernels as bk  # noqa: E402
-from harness.backends import triton_fused  # noqa: E402
+from harness.backends.triton import fused as triton_fused  # noqa: E402
 
 SHAPES = "1,8,152064;1,4,152064;1,1,152064;1,8,131072;1,4,131072;1,1,131072;64,1,131072;256,1,131072;256,1,152064;1024,8,152064"
 

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from harness.environment import describe  # noqa: E402
+from harness.evidence.environment import describe  # noqa: E402
 
 BATCHES = (1, 64, 256, 1024)
 DRAFTS = (1, 4, 8)
@@ -114,7 +114,7 @@ def inputs(b, k, v, seed=0):
 
 # The fused path's launch constants: how its work is spread over programs, and the statistics
 # kernel's register cap (how many of its programs an SM holds). None changes the tokens (each
-# one's docstring or comment in harness/backends/triton_fused.py says why), so one GPU can be
+# one's docstring or comment in harness/backends/triton/fused.py says why), so one GPU can be
 # tuned apart from another by timing alone.
 TUNABLE = (
     "_STATS_PROGRAMS",
@@ -137,7 +137,7 @@ def set_constants(spec: str) -> dict:
     underscore) before the first call; returns what was set. Raises ValueError on a name
     not in ``TUNABLE`` or a value that is not an integer in its range (``_RANGES``, else
     >= 1), before setting any."""
-    from harness.backends import triton_fused
+    from harness.backends.triton import fused as triton_fused
 
     wanted = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -157,7 +157,7 @@ def set_constants(spec: str) -> dict:
 
 def triton_call(x, b, k, v, path="auto", tiles=None):
     """``tiles`` ("BLOCK_VxT"): BLOCK_V-wide tiles, T tiles per vocabulary split (default: ``_tiles``)."""
-    from harness.backends.triton_sampler import verify
+    from harness.backends.triton.sampler import verify
 
     block_v, splits = None, None
     if tiles:
@@ -195,7 +195,7 @@ def triton_call(x, b, k, v, path="auto", tiles=None):
 
 
 def mrv2_call(x, b, k, v):
-    from harness.backends import vllm_env
+    from harness.backends.vllm import env as vllm_env
 
     vllm_env.prepare()
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
@@ -253,7 +253,7 @@ def graphed(call):
 
 
 def main() -> int:
-    from harness.backends.triton_sampler import takes_fused_path
+    from harness.backends.triton.sampler import takes_fused_path
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write the results here")

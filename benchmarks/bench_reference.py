@@ -16,9 +16,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-from harness.environment import describe  # noqa: E402
-from harness.scenarios import RequestSpec, Scenario, materialize, trials  # noqa: E402
-from harness.tally import TemplateTally, add_outputs  # noqa: E402
+from harness.evidence.environment import describe  # noqa: E402
+from harness.sampling.tally import TemplateTally, add_outputs  # noqa: E402
+from harness.scenarios.materialize import materialize, trials  # noqa: E402
+from harness.scenarios.scenario import RequestSpec, Scenario
 from reference.sampler import ReferenceSampler  # noqa: E402
 
 

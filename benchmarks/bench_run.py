@@ -2,7 +2,7 @@
 calls, for the pipelined runner and the serial one it replaced
 (``benchmarks/RESULTS.md#whole-run-overhead``).
 
-Calls ``harness.runner.run`` as ``python -m harness run`` does (one worker process per
+Calls ``harness.run.runner.run`` as ``python -m harness run`` does (one worker process per
 backend unless ``--in-process``) with the backends' ``sample`` calls timed inside the
 worker (on CUDA the device is synchronized around each call), once per mode:
 
@@ -31,14 +31,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness.device import configure_triton  # noqa: E402
+from harness.gpus import configure_triton  # noqa: E402
 
 configure_triton()  # before any backend module defines a @triton.jit kernel
 
-from harness.catalog import catalog  # noqa: E402
-from harness.environment import describe  # noqa: E402
-from harness.profiles import get_profile  # noqa: E402
-from harness.runner import run  # noqa: E402
+from harness.evidence.environment import describe  # noqa: E402
+from harness.run.runner import run  # noqa: E402
+from harness.scenarios.catalog import catalog  # noqa: E402
+from harness.scenarios.profiles import get_profile  # noqa: E402
 
 MODES = ("serial", "pipelined")
 

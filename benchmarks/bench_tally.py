@@ -1,4 +1,4 @@
-"""Device time of the on-device tally (``harness.device_kernels.tally``) on outputs shaped
+"""Device time of the on-device tally (``harness.sampling.device.kernels.tally``) on outputs shaped
 like the `gpu` catalog's: how much of a run's GPU time counting outcomes takes
 (``benchmarks/RESULTS.md#tally-kernel``).
 
@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from harness.environment import describe  # noqa: E402
+from harness.evidence.environment import describe  # noqa: E402
 
 # (vocab, K, effective drafts per template, trials, drafts sampled per trial): the catalog's
 # small-vocabulary shapes (300k trials, 2-3 templates), its 3000 and 32000 vocabularies, and
@@ -93,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_tally needs a CUDA device")
-    default = load("harness.device_kernels:tally")
+    default = load("harness.sampling.device.kernels:tally")
     variants = {"default": default}
     for count in filter(None, args.copies.split(",")):
         variants[f"copies={count}"] = lambda *a, c=int(count): default(*a, copies=c)

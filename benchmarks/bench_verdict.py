@@ -39,12 +39,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from harness.device_tally import DeviceTally  # noqa: E402
-from harness.device_trials import DeviceTrials  # noqa: E402
-from harness.environment import describe  # noqa: E402
-from harness.profiles import get_profile  # noqa: E402
-from harness.runner import TimedBackend, device_trials, load_for_device, planned_trials, sample_scenario  # noqa: E402
-from harness.scenarios import RequestSpec, Scenario  # noqa: E402
+from harness.backends.loading import load_for_device
+from harness.evidence.environment import describe  # noqa: E402
+from harness.run.plans import planned_trials  # noqa: E402
+from harness.sampling.device.tally import DeviceTally  # noqa: E402
+from harness.sampling.device.trials import DeviceTrials  # noqa: E402
+from harness.sampling.sample import TimedBackend, device_trials, sample_scenario
+from harness.scenarios.profiles import get_profile  # noqa: E402
+from harness.scenarios.scenario import RequestSpec, Scenario  # noqa: E402
 
 BACKENDS = ("triton", "vllm-mrv2", "vllm-v1")
 DRAFTS = (1, 4, 8)

@@ -6,7 +6,7 @@ process and interleaved (three rounds, the fastest kept), the mean host microsec
 of 200 back-to-back calls:
 
 * ``normal``: every kernel launched through Triton's ``JITFunction.run``;
-* ``direct``: through ``harness.backends.triton_launch`` (the default on Triton 3.6);
+* ``direct``: through ``harness.backends.triton.launch`` (the default on Triton 3.6);
 * ``nolaunch``: no Triton kernel launched: the call's own Python and allocations (and
   torch's fills, which still launch);
 
@@ -25,8 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from bench_kernels import inputs, mrv2_call, triton_call  # noqa: E402
 
-from harness.backends import triton_fused, triton_launch, triton_sampler  # noqa: E402
-from harness.environment import describe  # noqa: E402
+from harness.backends.triton import fused as triton_fused
+from harness.backends.triton import launch as triton_launch
+from harness.backends.triton import sampler as triton_sampler  # noqa: E402
+from harness.evidence.environment import describe  # noqa: E402
 
 SHAPES = "1,4,131072;64,4,131072;256,1,152064"
 

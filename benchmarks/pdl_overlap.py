@@ -5,7 +5,7 @@ dependent launch (``launch_pdl``): ``first`` spins 50 us and then raises a flag;
 lets its dependents launch before its own ``gdc_wait`` (``second_triggers_first``), then, in a
 second set of tries, after it (``second_waits_first``); ``third`` reads the flag without
 waiting. The fused Triton sampler's mass kernel is such a third kernel
-(``harness/backends/triton_fused.py``): it may read the chain kernel's results only on a flag.
+(``harness/backends/triton/fused.py``): it may read the chain kernel's results only on a flag.
 Usage: ``python benchmarks/pdl_overlap.py [--tries N] [--json PATH]`` on an sm_90+ GPU.
 """
 

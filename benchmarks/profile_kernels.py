@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from benchmarks.bench_kernels import host_time, inputs, mrv2_call, triton_call  # noqa: E402
-from harness.environment import describe  # noqa: E402
+from harness.evidence.environment import describe  # noqa: E402
 
 SHAPES = "1,1,32000;1,8,32000;1,1,152064;1,8,152064;64,4,131072;256,1,32000"
 

@@ -37,18 +37,18 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness.device import configure_triton  # noqa: E402
+from harness.gpus import configure_triton  # noqa: E402
 
 configure_triton()  # before any backend module defines a @triton.jit kernel
 
 
 from benchmarks.bench_verdict import LoopParts, backend_alone  # noqa: E402
-from harness import runner  # noqa: E402
-from harness.catalog import catalog  # noqa: E402
-from harness.device_tally import DeviceTally  # noqa: E402
-from harness.device_trials import DeviceTrials  # noqa: E402
-from harness.environment import describe  # noqa: E402
-from harness.profiles import get_profile  # noqa: E402
+from harness.evidence.environment import describe  # noqa: E402
+from harness.run import runner  # noqa: E402
+from harness.sampling.device.tally import DeviceTally  # noqa: E402
+from harness.sampling.device.trials import DeviceTrials  # noqa: E402
+from harness.scenarios.catalog import catalog  # noqa: E402
+from harness.scenarios.profiles import get_profile  # noqa: E402
 
 
 def phases(backend) -> LoopParts:
@@ -108,7 +108,7 @@ def traced_pass(backend, planned, profile, folder: str) -> dict:
 
 
 def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device: str = "cuda", turns=None, done=None) -> float:
-    """Seconds per catalog pass through one worker process (``harness.worker``, as a run
+    """Seconds per catalog pass through one worker process (``harness.sampling.worker``, as a run
     with isolation samples; ``stream``: the streaming protocol, else one scenario at a
     time), in the steady state: ``passes`` + 1 passes back to back, the time from the first
     pass's last outcome to the last pass's, divided by ``passes``. The first pass loads
@@ -116,7 +116,7 @@ def isolated_pass(name: str, planned, profile, passes: int, stream: bool, device
     a single pass is not timed alone: over many, the work it did ahead at either end is
     about the same and cancels. ``turns``: the lock folder the worker takes turns in;
     ``done``: a list to get (arrival time, scenario name) of every outcome."""
-    from harness.worker import sample_isolated
+    from harness.sampling.worker import sample_isolated
 
     work = [(s, count) for s, _, count in planned] * (passes + 1)
     done = [] if done is None else done
@@ -149,7 +149,7 @@ def turns_pass(name: str, planned, profile, passes: int, alone: dict) -> dict:
     import tempfile
     import threading
 
-    from harness.worker import TURN_SECONDS
+    from harness.sampling.worker import TURN_SECONDS
 
     folder, done = tempfile.mkdtemp(prefix="profile-loop-turns-"), ([], [])
     threads = [

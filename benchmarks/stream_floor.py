@@ -272,7 +272,7 @@ def _sampler(x, b, k, v, cut: int, setting: str):
     """The fused path (``cut`` 1: its statistics kernel alone), constants from ``setting``."""
     from benchmarks import ab_fused
     from benchmarks import bench_kernels as bk
-    from harness.backends import triton_fused
+    from harness.backends.triton import fused as triton_fused
 
     saved = {name: getattr(triton_fused, name) for name in (*bk.TUNABLE, "launch_each")}
     bk.set_constants(setting)

@@ -12,9 +12,9 @@ import os
 import shlex
 import sys
 
-from harness.device import configure_triton
-from harness.history import HistoryError
-from harness.records import check_output_folder
+from harness.evidence.files import check_output_folder
+from harness.evidence.history import HistoryError
+from harness.gpus import configure_triton
 
 configure_triton()  # before any backend module defines a @triton.jit kernel
 
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        from harness.worker import end_workers
+        from harness.sampling.worker import end_workers
 
         for s in handlers:  # a second signal must not interrupt the cleanup with a traceback
             signal.signal(s, signal.SIG_IGN)
@@ -157,8 +157,8 @@ def main(argv=None) -> int:
 
 
 def _select_scenarios(args, profile):
-    from harness.catalog import catalog, find
-    from harness.scenarios import read_scenario_file
+    from harness.scenarios.catalog import catalog, find
+    from harness.scenarios.scenario import read_scenario_file
 
     scenarios = catalog(profile, args.seed)
     if not args.scenario:
@@ -187,11 +187,11 @@ def _select_scenarios(args, profile):
 
 
 def _run(args) -> int:
-    from harness.device import cuda_available
-    from harness.profiles import get_profile
-    from harness.report import summary_table, write_outputs
-    from harness.runner import run
-    from harness.scenarios import check_seed, did_you_mean
+    from harness.gpus import cuda_available
+    from harness.report.outputs import summary_table, write_outputs
+    from harness.run.runner import run
+    from harness.scenarios.profiles import get_profile
+    from harness.scenarios.scenario import check_seed, did_you_mean
 
     profile = get_profile(args.profile)
     if args.alpha is not None:
@@ -209,7 +209,7 @@ def _run(args) -> int:
             raise UsageError(f"--exclude: no scenario named {name!r} in this run{did_you_mean(name, [s.name for s in scenarios])}")
         scenarios = [s for s in scenarios if s.name != name]
     if args.vllm_src:
-        from harness.backends.vllm_env import use_source_tree
+        from harness.backends.vllm.env import use_source_tree
 
         use_source_tree(args.vllm_src)
         os.environ["SPECDEC_VLLM_SRC"] = os.path.abspath(args.vllm_src)  # recorded in the run's environment
@@ -228,7 +228,7 @@ def _run(args) -> int:
     # Everything a run will write to is checked before it samples: nothing is thrown away.
     check_output_folder(args.out)
     if args.history:
-        from harness.history import check_history
+        from harness.evidence.history import check_history
 
         check_history(args.history)
     progress, close = _progress(len(backends) * len(scenarios), disabled=args.no_progress)
@@ -249,7 +249,7 @@ def _run(args) -> int:
         return 2
     print(f"results: {paths['results']}\nreport:  {paths['report']}")
     if args.history:
-        from harness.history import append_run
+        from harness.evidence.history import append_run
 
         try:
             run_id = append_run(args.history, paths["document"], args.label)
@@ -284,11 +284,11 @@ def _progress(total, disabled):
 
 
 def _faults(args) -> int:
-    from harness.detection import matrix, planted, planted_table, to_json, to_markdown
-    from harness.device import cuda_available
-    from harness.profiles import get_profile
-    from harness.records import write_json_atomic, write_text_atomic
-    from harness.scenarios import check_seed
+    from harness.evidence.files import write_json_atomic, write_text_atomic
+    from harness.gpus import cuda_available
+    from harness.scenarios.profiles import get_profile
+    from harness.scenarios.scenario import check_seed
+    from harness.studies.detection import matrix, planted, planted_table, to_json, to_markdown
 
     profile = get_profile(args.profile)
     check_seed(args.seed, "--seed")
@@ -315,9 +315,9 @@ def _faults(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from harness.calibration import detectable_table, fmt, p_values, summarize
-    from harness.profiles import PROFILES, get_profile
-    from harness.records import write_json_atomic, write_text_atomic
+    from harness.evidence.files import write_json_atomic, write_text_atomic
+    from harness.scenarios.profiles import PROFILES, get_profile
+    from harness.studies.calibration import detectable_table, fmt, p_values, summarize
 
     profile = get_profile(args.profile)
     if args.seeds < 1:
@@ -351,11 +351,11 @@ def _calibrate(args) -> int:
 
 
 def _peers(args) -> int:
-    from harness.faults import FAULTS
-    from harness.peers import compare, to_markdown
-    from harness.profiles import get_profile
-    from harness.records import write_json_atomic, write_text_atomic
-    from harness.scenarios import check_seed
+    from harness.backends.faults import FAULTS
+    from harness.evidence.files import write_json_atomic, write_text_atomic
+    from harness.scenarios.profiles import get_profile
+    from harness.scenarios.scenario import check_seed
+    from harness.studies.peers import compare, to_markdown
 
     profile = get_profile(args.profile)
     check_seed(args.seed, "--seed")
@@ -371,8 +371,8 @@ def _peers(args) -> int:
 
 
 def _report(args) -> int:
-    from harness.drift import render
-    from harness.records import write_text_atomic
+    from harness.evidence.files import write_text_atomic
+    from harness.report.drift import render
 
     if os.path.realpath(args.out) == os.path.realpath(args.history):
         raise UsageError("--out: that is the history itself; name the HTML file to write")
@@ -385,7 +385,7 @@ def _report(args) -> int:
 
 
 def _history(args) -> int:
-    from harness.history import append_run, read_run_document
+    from harness.evidence.history import append_run, read_run_document
 
     doc = read_run_document(args.results)  # refused before the history is touched
     run_id = append_run(args.history, doc, args.label)
@@ -402,10 +402,10 @@ def _backends(args) -> int:
 
 
 def _scenarios(args) -> int:
-    from harness.catalog import catalog
-    from harness.profiles import get_profile
-    from harness.runner import planned_trials
-    from harness.scenarios import check_seed
+    from harness.run.plans import planned_trials
+    from harness.scenarios.catalog import catalog
+    from harness.scenarios.profiles import get_profile
+    from harness.scenarios.scenario import check_seed
 
     profile = get_profile(args.profile)
     check_seed(args.seed, "--seed")
@@ -417,7 +417,7 @@ def _scenarios(args) -> int:
 
 
 def _power(args) -> int:
-    from harness import stats
+    from harness.checking import stats
 
     if args.tv is not None:
         n = stats.trials_for_tv(args.alpha, args.power, args.tv, args.df)

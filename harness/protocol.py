@@ -21,7 +21,7 @@ drafts, then one replacement or bonus token. Slots past ``num_emitted`` are neve
 
 A backend with ``device_batches = True`` may instead receive a *device batch*: the same
 fields as torch tensors already on its device, logits stored in ``logits_dtype``
-(``harness.device_trials``); it returns tensors on that device, which are tallied there.
+(``harness.sampling.device.trials``); it returns tensors on that device, which are tallied there.
 
 Layout (``B`` requests, ``d_r`` drafts for request ``r``, ``D = sum d_r``):
 
@@ -164,7 +164,7 @@ class VerifyBatch:
 
 def host(x) -> np.ndarray:
     """A small field (methods, seeds, rates) as a NumPy array, whether the batch holds arrays
-    or device tensors (a device batch, see ``harness.device_trials``)."""
+    or device tensors (a device batch, see ``harness.sampling.device.trials``)."""
     return x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x)
 
 

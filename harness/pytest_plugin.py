@@ -51,10 +51,10 @@ def pytest_collection_modifyitems(session, config, items):
     if not backends:
         return
     from harness.backends import check_backend_name
-    from harness.catalog import catalog
-    from harness.profiles import get_profile
-    from harness.runner import planned_trials
-    from harness.scenarios import check_seed
+    from harness.run.plans import planned_trials
+    from harness.scenarios.catalog import catalog
+    from harness.scenarios.profiles import get_profile
+    from harness.scenarios.scenario import check_seed
 
     try:
         for name in backends:
@@ -98,7 +98,7 @@ class Verification:
 
     def result(self):
         if self._result is None:
-            from harness.runner import run
+            from harness.run.runner import run
 
             config = self._config
             self._result = run(

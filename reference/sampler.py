@@ -5,7 +5,7 @@
 ``(tokens [B, K+1] int64, num_emitted [B] int64)``; slots past ``num_emitted`` hold -1.
 Work is vectorized over requests and loops only over draft steps; a batch of trials repeats
 its templates' rows, whose probabilities are computed once per period (``RepeatingRows``).
-Each step of the algorithm is a method, so a planted fault (``harness.faults``) overrides
+Each step of the algorithm is a method, so a planted fault (``harness.backends.faults``) overrides
 exactly one of them.
 """
 

@@ -8,7 +8,7 @@
 The tree holds only ``vllm/**.py`` plus ``vllm-X.dist-info/METADATA`` (Name, Version): without
 the metadata vLLM's version probe raises inside its Triton check and vLLM silently disables
 Triton. Use it with ``--vllm-src vendor/vllm-X`` or ``SPECDEC_VLLM_SRC``; compiled modules are
-replaced by empty stand-ins (``harness.backends.vllm_env``).
+replaced by empty stand-ins (``harness.backends.vllm.env``).
 
 Pruning (default): the tree keeps the modules that importing both vLLM backends loads (plus
 ``vllm.platforms.cuda`` and every sibling file of those modules, for imports made later at run
@@ -43,11 +43,11 @@ import json, sys
 from harness.backends import vllm_env
 vllm_env.prepare()
 vllm_env._stub_compiled_modules()  # as on a CUDA machine, where they are stand-ins
-from harness.backends.vllm_mrv2 import VllmMrv2Backend
-from harness.backends.vllm_v1 import VllmV1Backend
-from harness.catalog import catalog, find
-from harness.profiles import get_profile
-from harness.scenarios import materialize, trials
+from harness.backends.vllm.mrv2 import VllmMrv2Backend
+from harness.backends.vllm.v1 import VllmV1Backend
+from harness.scenarios.catalog import catalog, find
+from harness.scenarios.profiles import get_profile
+from harness.scenarios.scenario import materialize, trials
 scenarios = catalog(get_profile("smoke"))
 for backend in (VllmMrv2Backend(), VllmV1Backend()):  # run-time imports too
     for name in ("standard-near-target", "block-fixed", "synthetic-mean-rate", "strict-fixed"):

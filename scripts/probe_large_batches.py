@@ -10,11 +10,11 @@ import time
 
 import torch
 
-from harness.device import configure_triton
+from harness.gpus import configure_triton
 
 configure_triton()
 
-from harness.backends.triton_sampler import verify  # noqa: E402
+from harness.backends.triton.sampler import verify  # noqa: E402
 from reference.methods import Method  # noqa: E402
 
 

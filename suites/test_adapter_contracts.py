@@ -31,15 +31,17 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import vllm_env, vllm_mrv2, vllm_v1
-from harness.profiles import get_profile
-from harness.runner import run
-from harness.scenarios import RequestSpec, Scenario
+from harness.backends.vllm import env as vllm_env
+from harness.backends.vllm import mrv2 as vllm_mrv2
+from harness.backends.vllm import v1 as vllm_v1
+from harness.run.runner import run
+from harness.scenarios.profiles import get_profile
+from harness.scenarios.scenario import RequestSpec, Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = Path(os.environ.get("SPECDEC_VLLM_TREES", ROOT / "vendor"))
-MRV2 = "harness.backends.vllm_mrv2:VllmMrv2Backend"
-V1 = "harness.backends.vllm_v1:VllmV1Backend"
+MRV2 = "harness.backends.vllm.mrv2:VllmMrv2Backend"
+V1 = "harness.backends.vllm.v1:VllmV1Backend"
 MRV2_UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
 MRV2_019 = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
 GUMBEL = "vllm.v1.worker.gpu.sample.gumbel"
@@ -256,9 +258,9 @@ def test_mrv2_0240_reads_draft_cache_at_target_width():
     _available(vllm_mrv2)
     code = (
         "import json, dataclasses\n"
-        "from harness.runner import run\n"
-        "from harness.profiles import get_profile\n"
-        "from harness.scenarios import Scenario\n"
+        "from harness.run.runner import run\n"
+        "from harness.scenarios.profiles import get_profile\n"
+        "from harness.scenarios.scenario import Scenario\n"
         f"s = Scenario.from_json({_NARROW_DRAFT.to_json()!r})\n"
         "p = dataclasses.replace(get_profile('smoke'), tv=0.3)\n"
         f"print(json.dumps([(r.check, r.verdict, r.message) for r in run([{MRV2!r}], [s], p, 0).records]))\n"
@@ -414,7 +416,7 @@ def test_narrow_draft_vocabulary_by_release(truncates, declined):
     """From 0.25.0 the kernels cut the target to the draft's width (declined: the target has
     mass there); up to 0.24.0 they read the cache at the target's width (padded, verified); a
     release between does not say (declined)."""
-    from harness.scenarios import materialize, trials
+    from harness.scenarios.materialize import materialize, trials
 
     api = vllm_mrv2._CurrentApi(lambda *a, **k: None, None, True, truncates)
     batch = trials(_NARROW_DRAFT, materialize(_NARROW_DRAFT), 0, 1).batch

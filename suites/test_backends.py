@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.catalog import catalog
-from harness.runner import run
+from harness.run.runner import run
+from harness.scenarios.catalog import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ class DeclinesBlock:
 
 
 def test_unsupported_scenarios_are_skipped_not_passed():
-    from harness.profiles import get_profile
+    from harness.scenarios.profiles import get_profile
 
     profile = get_profile("smoke")
     scenarios = [s for s in catalog(profile) if s.name in ("block-fixed", "standard-sampled")]

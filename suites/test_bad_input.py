@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from harness.backends import load_backend
+from harness.backends.faults import FAULTS
 from harness.cli import main
-from harness.faults import FAULTS
 from harness.protocol import VerifyBatch, as_numpy_outputs
-from harness.scenarios import RequestSpec, Scenario
+from harness.scenarios.scenario import RequestSpec, Scenario
 from reference import laws
 from reference.methods import Method
 
@@ -181,7 +181,7 @@ def test_malformed_backend_output_is_named():
     ],
 )
 def test_cli_usage_errors_exit_2_with_one_line(argv, needle, capsys, tmp_path):
-    if "cuda" in argv and __import__("harness.device", fromlist=["x"]).cuda_available():
+    if "cuda" in argv and __import__("harness.gpus", fromlist=["x"]).cuda_available():
         pytest.skip("this machine has CUDA")
     assert main(argv + (["--out", str(tmp_path)] if argv[0] == "run" else [])) == 2
     err = capsys.readouterr().err.strip()
@@ -251,9 +251,9 @@ def test_scenario_names_outside_the_documented_set_are_refused(name):
 
 @pytest.mark.parametrize("profile", ["smoke", "ci", "gpu", "nightly"])
 def test_every_catalog_name_is_in_the_documented_set(profile):
-    from harness.catalog import catalog
-    from harness.profiles import get_profile
-    from harness.scenarios import NAME_PATTERN
+    from harness.scenarios.catalog import catalog
+    from harness.scenarios.profiles import get_profile
+    from harness.scenarios.scenario import NAME_PATTERN
 
     assert all(NAME_PATTERN.fullmatch(s.name) for s in catalog(get_profile(profile)))
     assert all(NAME_PATTERN.fullmatch(n) for n in ("x" * 128, "a.b_c-D9", "9"))
@@ -286,7 +286,7 @@ def test_scenario_sizes_are_bounded(changes, field):
 
 
 def test_the_largest_scenarios_are_accepted():
-    from harness.scenarios import MAX_DRAFTS, MAX_REQUESTS, MAX_SEED, MAX_TEMPERATURE, MAX_VOCAB, MIN_TEMPERATURE
+    from harness.scenarios.scenario import MAX_DRAFTS, MAX_REQUESTS, MAX_SEED, MAX_TEMPERATURE, MAX_VOCAB, MIN_TEMPERATURE
 
     Scenario.from_dict({**TINY, "vocab_size": MAX_VOCAB, "requests": [{"num_drafts": 31}], "seed": MAX_SEED})
     Scenario.from_dict({**TINY, "requests": [{"num_drafts": MAX_DRAFTS, "temperature": MIN_TEMPERATURE}] * MAX_REQUESTS})

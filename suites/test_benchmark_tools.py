@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="the Triton backend needs torch")
 pytest.importorskip("triton", reason="the Triton backend needs triton")
 
 from benchmarks import ab_fused, bench_kernels, stream_floor  # noqa: E402
-from harness.backends import triton_fused as tf  # noqa: E402
+from harness.backends.triton import fused as tf  # noqa: E402
 from suites.test_triton import _any_requests, _batch, _sample  # noqa: E402
 
 

@@ -5,8 +5,8 @@ Agreement is judged at ``META_ALPHA``: the false-alarm rate must be consistent w
 (exact binomial test) and the chi-square p-values with a uniform law (Kolmogorov-Smirnov).
 """
 
-from harness.calibration import p_values, summarize
-from harness.profiles import get_profile
+from harness.scenarios.profiles import get_profile
+from harness.studies.calibration import p_values, summarize
 
 META_ALPHA = 1e-6
 SEEDS = range(1000, 1120)  # disjoint from the documented run's seeds

@@ -117,7 +117,7 @@ def test_power_calculator_cli(args, needle, capsys):
 
 
 def test_html_escapes_backend_names_and_messages():
-    from harness.report import render_html
+    from harness.report.outputs import render_html
 
     evil = "<script>alert(1)</script>"
     rec = dict.fromkeys(RECORD_FIELDS | {"template", "kind", "df", "holm_threshold", "message", "cells"}, None)

@@ -7,21 +7,24 @@ import numpy as np
 import pytest
 import torch
 
-from harness import device_trials
-from harness.backends import load_backend, vllm_mrv2
-from harness.catalog import catalog
-from harness.device import gpu_skip_reason
-from harness.device_tally import DeviceTally
-from harness.profiles import get_profile
-from harness.scenarios import RequestSpec, Scenario, materialize, trials
-from harness.tally import TemplateTally, add_outputs
+from harness import torch_rng
+from harness.backends import load_backend
+from harness.backends.vllm import mrv2 as vllm_mrv2
+from harness.gpus import gpu_skip_reason
+from harness.sampling.device import trials as device_trials
+from harness.sampling.device.tally import DeviceTally
+from harness.sampling.tally import TemplateTally, add_outputs
+from harness.scenarios.catalog import catalog
+from harness.scenarios.materialize import materialize, trials
+from harness.scenarios.profiles import get_profile
+from harness.scenarios.scenario import RequestSpec, Scenario
 from reference import rng
 from reference.rng import Stream
 
 SCENARIOS = {s.name: s for s in catalog(get_profile("smoke"), 0)}
 
 # Where the trials are built and tallied: torch ops on the CPU, the Triton kernels of
-# harness.device_kernels under the interpreter, and those kernels on a GPU (their default).
+# harness.sampling.device.kernels under the interpreter, and those kernels on a GPU (their default).
 PATHS = [
     pytest.param(("cpu", False), id="cpu-torch"),
     pytest.param(("cpu", True), id="cpu-kernels"),
@@ -43,11 +46,11 @@ def test_hash_and_uniforms_match_the_reference_bit_for_bit():
     keys = np.array([0, 1, 2, 12345, 2**40 + 7, 2**62 + 11, 2**63 - 1], dtype=np.int64)
     for a in keys:
         expected = rng.hash64(int(a), keys, 3)
-        assert np.array_equal(device_trials.hash64(int(a), torch.from_numpy(keys), 3).numpy(), expected)
+        assert np.array_equal(torch_rng.hash64(int(a), torch.from_numpy(keys), 3).numpy(), expected)
     seeds, positions = np.meshgrid(keys, keys)
     for stream in Stream:
         expected = rng.uniforms(seeds, positions, stream)
-        got = device_trials.uniforms(torch.from_numpy(seeds), torch.from_numpy(positions), stream).numpy()
+        got = torch_rng.uniforms(torch.from_numpy(seeds), torch.from_numpy(positions), stream).numpy()
         assert np.array_equal(got, expected)
 
 
@@ -105,19 +108,19 @@ SMALL_STATE_SEED = 7496291377057076992  # hash64's state after this seed is 5
 
 
 def test_small_state_seed_has_a_small_state():
-    assert int(device_trials._state(SMALL_STATE_SEED)) == 5
+    assert int(torch_rng.hash_state(SMALL_STATE_SEED)) == 5
 
 
 @pytest.mark.parametrize("path", [p for p in PATHS if p.values[0][1]], indirect=True)
 def test_trial_kernel_draws_as_searchsorted_right_then_clamps(path):
     """The kernel's draw on a hand-made CDF: values landing exactly on a CDF entry go past it
     (``right=True``), and each row's last possible token bounds its draws."""
-    from harness.device_kernels import build_trials
+    from harness.sampling.device.kernels import build_trials
 
     device, total, k = path[0], 64, 3
-    seed_state = int(device_trials._state(5))
+    seed_state = int(torch_rng.hash_state(5))
     req = torch.arange(total)
-    u = device_trials.uniforms(device_trials.hash64(5, req)[:, None], torch.arange(k)[None, :], Stream.DRAFT)
+    u = torch_rng.uniforms(torch_rng.hash64(5, req)[:, None], torch.arange(k)[None, :], Stream.DRAFT)
     v, w = float(u[0, 0]), float(u[1, 1])  # the CDFs end at 1: trial 0 draws exactly v at step 0, trial 1 w at step 1
     cdf = torch.tensor(
         [[v / 2, v / 2, v, v, 1, 1, 1, 1], [w / 2, w / 2, w / 2, w / 2, w, 1, 1, 1], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1]],
@@ -177,7 +180,7 @@ def test_device_tally_equals_host_tally_including_violations(name, path):
 @pytest.mark.parametrize("copies", [1, 2, 5])
 def test_the_tally_kernel_counts_the_same_into_any_number_of_copies(copies, path):
     """The kernel's programs add into ``copies`` copies of the cells, summed at the end."""
-    from harness.device_kernels import tally
+    from harness.sampling.device.kernels import tally
 
     s = SCENARIOS["standard-sampled"]
     templates = materialize(s)
@@ -272,7 +275,7 @@ def test_backends_emit_the_same_tokens_from_shared_rows_as_from_copies(backend_n
 @pytest.mark.parametrize("path", PATHS[1:], indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_repeat_rows_equals_torch_repeat_bit_for_bit(path, dtype):
-    from harness.device_kernels import repeat_rows
+    from harness.sampling.device.kernels import repeat_rows
 
     # Blocks of 111, 1000 and 4500 elements: each tile width, and a block wider than one tile.
     for rows, width in ((3, 37), (2, 500), (3, 1500)):

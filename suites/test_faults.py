@@ -2,9 +2,9 @@
 
 import pytest
 
-from harness.detection import detect, family_of
-from harness.faults import FAULTS
-from harness.profiles import get_profile
+from harness.backends.faults import FAULTS
+from harness.scenarios.profiles import get_profile
+from harness.studies.detection import detect, family_of
 
 PROFILE = get_profile("ci")
 

@@ -2,8 +2,8 @@
 where engines' own tests are blind. The other backends are fuzzed against the reference
 in ``test_fuzz_backends.py``.
 
-Each statistical fuzz test has the family-wise false-alarm budget ``harness.fuzz.BUDGET``;
-every example, pinned ones included, gets its share (``harness.fuzz.example_profile``).
+Each statistical fuzz test has the family-wise false-alarm budget ``harness.studies.fuzz.BUDGET``;
+every example, pinned ones included, gets its share (``harness.studies.fuzz.example_profile``).
 A failure shrinks to a minimal scenario, saved as JSON under ``reports/fuzz-failures/``
 with the one-line command that reproduces it.
 """
@@ -21,30 +21,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.backends import load_backend
-from harness.fuzz import (
+from harness.run.runner import run
+from harness.sampling.tally import TemplateTally, add_outputs
+from harness.scenarios.materialize import materialize, trials
+from harness.scenarios.profiles import get_profile
+from harness.scenarios.scenario import RequestSpec, Scenario
+from harness.scenarios.strategies import (
     BLOCK_ZERO_TIMES_INF,
     BOUNDARY_VOCABS,
-    BUDGET,
     GHSA_8192_BLOCK,
     GHSA_VOCAB_BOUNDARY,
     MIXED,
     NAN_ROW,
     PLACEHOLDER_FIRST,
     ZERO_TARGET_DRAFT,
-    check_example,
     draft_probability_vanishes,
-    example_profile,
-    fuzz_profile,
     pin,
     placeholder_with_draft_probabilities,
     scenarios,
     undefined_ratio,
     without_mates,
 )
-from harness.profiles import get_profile
-from harness.runner import run
-from harness.scenarios import RequestSpec, Scenario, materialize, trials
-from harness.tally import TemplateTally, add_outputs
+from harness.studies.fuzz import BUDGET, check_example, example_profile, fuzz_profile
 
 BASE = get_profile("smoke")  # detects TV >= 0.1 per check at the example's share of BUDGET
 EXAMPLES = settings.default.max_examples  # drawn examples per test: the loaded profile's (ci: 25)
@@ -58,7 +56,7 @@ def verify(backend: str, scenario: Scenario, test_name: str, examples: int) -> N
         pytest.fail(message, pytrace=False)
 
 
-# Known regressions (harness.fuzz), pinned.
+# Known regressions (harness.studies.fuzz), pinned.
 PINNED = (GHSA_VOCAB_BOUNDARY, GHSA_8192_BLOCK, ZERO_TARGET_DRAFT, PLACEHOLDER_FIRST, NAN_ROW, MIXED, BLOCK_ZERO_TIMES_INF)
 
 
@@ -152,11 +150,11 @@ def test_a_failure_is_saved_with_its_reproducer(tmp_path, monkeypatch):
 
 def test_a_coarser_fuzz_profile_replays_through_harness_fuzz(tmp_path, monkeypatch):
     """A failure at a fuzz profile's TV (no CLI profile has it) replays with
-    ``python -m harness.fuzz`` at the same TV and alpha, and fails again."""
+    ``python -m harness.studies.fuzz`` at the same TV and alpha, and fails again."""
     monkeypatch.chdir(tmp_path)
     message = check_example("fault:residual-is-target", DEMO, fuzz_profile(0.3), 1, "demo-tv")
     command = shlex.split(message.split("reproduce: ", 1)[1])
-    assert command[:3] == ["python", "-m", "harness.fuzz"] and command[command.index("--tv") + 1] == "0.3", command
+    assert command[:3] == ["python", "-m", "harness.studies.fuzz"] and command[command.index("--tv") + 1] == "0.3", command
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(
         [sys.executable, *command[1:]], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=300

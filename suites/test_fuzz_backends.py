@@ -1,5 +1,5 @@
 """Cross-implementation fuzzing: the Triton sampler and vLLM's MRV2 and V1 samplers against
-the reference, on scenarios drawn by Hypothesis (``harness.fuzz``).
+the reference, on scenarios drawn by Hypothesis (``harness.studies.fuzz``).
 
 Exact, on every example (``exact_properties``): well-formed output (1..d+1 in-vocabulary
 ids, the accepted prefix equals the drafts, placeholders never accepted), -1 past the
@@ -8,7 +8,7 @@ masked row) equal to the reference's output, the same output without its batch m
 (kept in reverse order), and tallies that never read past the emitted count.
 
 In law (``laws``): every calibrated check of the runner at the example's share of the
-test's family-wise budget ``harness.fuzz.BUDGET`` (drawn and pinned examples together).
+test's family-wise budget ``harness.studies.fuzz.BUDGET`` (drawn and pinned examples together).
 Each test's docstring states the TV every check detects with power 0.99.
 
 CPU: the kernels run under the Triton interpreter, which pays per program. The Triton
@@ -16,7 +16,7 @@ sampler covers thousands of requests per program and affords the ``smoke`` profi
 kernels run one program per request (~12 ms V1, ~45 ms MRV2), so their law tests draw
 one (MRV2) or two (V1) requests with one or two drafts and check at TV 0.3. Vocabulary
 boundaries: vLLM at its real block sizes (1024, 8192; exact tests), the Triton sampler
-with 8-wide tiles in 2 or 3 splits (``harness.fuzz.SmallTiles``) over V = 7..25.
+with 8-wide tiles in 2 or 3 splits (``harness.studies.fuzz.SmallTiles``) over V = 7..25.
 GPU (``-m gpu``): the three backends at GPU-scale vocabularies, with as many examples as
 the Hypothesis profile gives (``HYPOTHESIS_PROFILE=nightly``: 400), or ``GPU_FUZZ_EXAMPLES``.
 
@@ -35,9 +35,16 @@ from hypothesis import strategies as st
 pytest.importorskip("torch", reason="the Triton and vLLM backends need torch")
 pytest.importorskip("triton", reason="the Triton and vLLM backends need triton")
 
-from harness.backends import load_backend, vllm_mrv2, vllm_v1  # noqa: E402
-from harness.device import gpu_skip_reason  # noqa: E402
-from harness.fuzz import (  # noqa: E402
+from harness.backends import load_backend
+from harness.backends.triton.variants import SmallTiles, SmallTiles3
+from harness.backends.vllm import mrv2 as vllm_mrv2
+from harness.backends.vllm import v1 as vllm_v1  # noqa: E402
+from harness.gpus import gpu_skip_reason  # noqa: E402
+from harness.protocol import VerifyBatch, as_numpy_outputs  # noqa: E402
+from harness.sampling.tally import TemplateTally, add_outputs  # noqa: E402
+from harness.scenarios.materialize import materialize, trials  # noqa: E402
+from harness.scenarios.profiles import get_profile  # noqa: E402
+from harness.scenarios.strategies import (
     BLOCK_ZERO_TIMES_INF,
     BOUNDARY_VOCABS,
     GHSA_8192_BLOCK,
@@ -50,22 +57,14 @@ from harness.fuzz import (  # noqa: E402
     TILE_VOCABS,
     VLLM_BLOCK_VOCABS,
     ZERO_TARGET_DRAFT,
-    SmallTiles,
-    SmallTiles3,
-    check_example,
     draft_probability_vanishes,
-    fuzz_profile,
     pin,
     placeholder_with_draft_probabilities,
     scenarios,
-    support_reason,
     undefined_ratio,
     without_mates,
 )
-from harness.profiles import get_profile  # noqa: E402
-from harness.protocol import VerifyBatch, as_numpy_outputs  # noqa: E402
-from harness.scenarios import materialize, trials  # noqa: E402
-from harness.tally import TemplateTally, add_outputs  # noqa: E402
+from harness.studies.fuzz import check_example, fuzz_profile, support_reason
 from reference.methods import Method  # noqa: E402
 from reference.sampler import ReferenceSampler  # noqa: E402
 
@@ -157,7 +156,7 @@ def laws(name: str, backend, scenario, base, examples: int, test_name: str, pinn
     """Every calibrated check at this example's share of the budget (``examples`` in the family).
 
     Scenarios whose reference law rests on an undefined acceptance ratio (0/0, 0 * inf:
-    ``harness.fuzz.undefined_ratio``), and the backend's pinned disagreements
+    ``harness.studies.fuzz.undefined_ratio``), and the backend's pinned disagreements
     (``PINNED_DISAGREEMENTS``), are rejected: they are pinned below (``test_*_undefined_ratio``,
     ``test_v1_draft_probability_underflow``), and a fuzzer re-finding them would hide everything else."""
     _require_support(backend, scenario, pinned)
@@ -229,7 +228,7 @@ def test_triton_small_tiles_exact(tiles, scenario, stride):
 @settings(max_examples=max(2, EXAMPLES // 2))
 def test_triton_small_tiles_laws(tiles, scenario):
     """Every check detects TV >= 0.1 (``smoke``) at its example's share of the budget."""
-    name = f"harness.fuzz:{tiles.__name__}"
+    name = f"harness.studies.fuzz:{tiles.__name__}"
     laws(name, tiles(), scenario, SMOKE, max(2, EXAMPLES // 2), f"triton-{tiles.__name__}-laws")
 
 
@@ -349,7 +348,7 @@ V1_DRAFT_UNDERFLOW = (
     "(log space) accept it. V1 then emits the recovered token (the same id) and drops the bonus token: one token where the "
     "law says two. An exact zero does the same: the GPU fuzzer found a top-k draft that excludes the fixed draft id "
     "(V = 1023, T = 0.3; every output in a zero-probability cell). A sampled draft always has q > 0, so only fixed drafts "
-    "meet this (the fuzzers skip them: harness.fuzz.draft_probability_vanishes). Repro: V = 2, target logits "
+    "meet this (the fuzzers skip them: harness.studies.fuzz.draft_probability_vanishes). Repro: V = 2, target logits "
     "[1.6, 0.26] then [0, 0], draft logits [-1.44, 4.93], draft id 0, T = 1e-4: V1 emits 1 token, the reference 2."
 )
 

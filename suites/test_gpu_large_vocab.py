@@ -9,11 +9,12 @@ a different row per step (repeated for every trial). A few seconds per backend.
 
 import pytest
 
-from harness.backends import vllm_mrv2, vllm_v1
-from harness.device import gpu_skip_reason
-from harness.profiles import get_profile
-from harness.runner import run
-from harness.scenarios import RequestSpec, Scenario
+from harness.backends.vllm import mrv2 as vllm_mrv2
+from harness.backends.vllm import v1 as vllm_v1
+from harness.gpus import gpu_skip_reason
+from harness.run.runner import run
+from harness.scenarios.profiles import get_profile
+from harness.scenarios.scenario import RequestSpec, Scenario
 
 gpu = pytest.mark.skipif(gpu_skip_reason() is not None, reason=gpu_skip_reason() or "")
 AVAILABILITY = {"vllm-mrv2": vllm_mrv2.availability, "vllm-v1": vllm_v1.availability}
@@ -40,4 +41,4 @@ def test_full_power_at_152k_vocab_and_8_drafts(backend, stationary):
 @gpu
 def test_full_power_at_152k_vocab_and_8_drafts_fused_path():
     """The same check with every call on the Triton sampler's fused path (shared rows)."""
-    test_full_power_at_152k_vocab_and_8_drafts("harness.backends.triton_fused:FusedTritonBackend", True)
+    test_full_power_at_152k_vocab_and_8_drafts("harness.backends.triton.fused:FusedTritonBackend", True)

@@ -14,13 +14,13 @@ from contextlib import closing, contextmanager
 
 import pytest
 
-from harness import history
-from harness.catalog import catalog
 from harness.cli import main
-from harness.history import HistoryError, append_run, load
-from harness.profiles import get_profile
-from harness.report import write_outputs
-from harness.runner import run
+from harness.evidence import history
+from harness.evidence.history import HistoryError, append_run, load
+from harness.report.outputs import write_outputs
+from harness.run.runner import run
+from harness.scenarios.catalog import catalog
+from harness.scenarios.profiles import get_profile
 
 # The schema the history had before it carried a marker: files written then must keep working.
 LEGACY_SCHEMA = """

@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from harness.catalog import catalog
 from harness.cli import main
-from harness.profiles import get_profile
-from harness.runner import Sampling, planned_trials, run
-from harness.worker import backend_log_path, sample_isolated
+from harness.run.plans import planned_trials
+from harness.run.runner import Sampling, run
+from harness.sampling.worker import backend_log_path, sample_isolated
+from harness.scenarios.catalog import catalog
+from harness.scenarios.profiles import get_profile
+from suites.helpers import MARK, python_only_tree
 from suites.isolation_backends import PIDS_ENV
 
 PROFILE = get_profile("smoke")
 SCENARIOS = [s for s in catalog(PROFILE) if s.name in ("greedy-ties", "standard-near-target", "block-fixed")]
-MARK = "standard-near-target"  # the scenario the misbehaving backends fail on (templates with 1, 3 and 4 drafts)
 
 
 class _OnMark:
@@ -89,8 +90,7 @@ def test_an_import_failure_is_a_load_verdict():
 
 def test_two_vllm_versions_in_one_run(tmp_path):
     """The installed release and a python-only tree of it, each in its own worker."""
-    from harness.backends import vllm_mrv2
-    from suites.test_workflows import python_only_tree
+    from harness.backends.vllm import mrv2 as vllm_mrv2
 
     ok, why = vllm_mrv2.availability()
     if not ok:

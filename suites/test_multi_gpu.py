@@ -4,10 +4,12 @@ import os
 
 import pytest
 
-from harness import device
-from harness.catalog import catalog
-from harness.profiles import get_profile
-from harness.runner import _sample_backend, device_chunk_elements, planned_trials, run
+from harness import gpus as device
+from harness.run.plans import planned_trials
+from harness.run.runner import _sample_backend, run
+from harness.sampling.sample import device_chunk_elements
+from harness.scenarios.catalog import catalog
+from harness.scenarios.profiles import get_profile
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +108,7 @@ def test_two_gpus_give_the_same_records_as_one():
 
 def test_each_backend_records_the_versions_its_worker_loaded():
     """With NAME@PATH every worker binds its own vLLM tree: the run records each one's versions."""
-    from harness.environment import backend_environment
+    from harness.evidence.environment import backend_environment
 
     profile = get_profile("smoke")
     result = run(["reference"], catalog(profile, 0)[:1], profile, isolate=True)

@@ -11,16 +11,19 @@ import time
 import numpy as np
 import pytest
 
-import harness.runner as runner
-import harness.worker as worker
-from harness.catalog import catalog
-from harness.device import gpu_skip_reason
-from harness.profiles import get_profile
-from harness.runner import load_for_device, planned_trials, run, sample_scenario
-from harness.scenarios import Scenario
-from harness.worker import device_turn, sample_isolated
+import harness.run.runner as runner
+import harness.sampling.worker as worker
+from harness.backends.loading import load_for_device
+from harness.gpus import gpu_skip_reason
+from harness.run.plans import planned_trials
+from harness.run.runner import run
+from harness.sampling.sample import sample_scenario
+from harness.sampling.worker import device_turn, sample_isolated
+from harness.scenarios.catalog import catalog
+from harness.scenarios.profiles import get_profile
+from harness.scenarios.scenario import Scenario
 from reference.methods import Method
-from suites.test_isolation import MARK
+from suites.helpers import MARK
 
 PROFILE = get_profile("smoke")
 NAMES = ("greedy-ties", "standard-near-target", "block-fixed", "synthetic-rates", "strict-fixed")
@@ -184,7 +187,7 @@ def test_every_backends_workers_run_at_once(tmp_path, monkeypatch):
 
 
 def test_a_device_turn_excludes_other_holders_until_released(tmp_path):
-    """Workers of several backends on one GPU sample in turns (``harness.worker.device_turn``)."""
+    """Workers of several backends on one GPU sample in turns (``harness.sampling.worker.device_turn``)."""
     with device_turn(str(tmp_path), None):
         assert not _turn_is_free(str(tmp_path))
     assert _turn_is_free(str(tmp_path))  # free again
@@ -286,7 +289,7 @@ def test_a_turn_is_handed_on_once_its_items_are_queued_unless_its_calls_are_time
 
 
 def test_a_worker_taking_turns_delivers_every_outcome(tmp_path):
-    """Its turn message (``harness.worker.TURN``) restarts the timeout; it is not an outcome."""
+    """Its turn message (``harness.sampling.worker.TURN``) restarts the timeout; it is not an outcome."""
     work = [(s, 50) for s in SCENARIOS[:2]]
     stream = sample_isolated("reference", iter(work), PROFILE, "cpu", 120, None, False, str(tmp_path))
     assert [outcome[0] for _, outcome in stream] == ["environment", "tallies", "tallies"]
@@ -468,7 +471,7 @@ def test_streaming_workers_of_two_backends_take_turns_and_give_the_serial_outcom
 
 def test_a_worker_waiting_for_its_turn_is_not_timed_out(tmp_path):
     """While another process holds the device past the timeout, the waiting worker says so
-    (``harness.worker.WAITING``, every second) and is not killed as hung."""
+    (``harness.sampling.worker.WAITING``, every second) and is not killed as hung."""
     held, release = threading.Event(), threading.Event()
 
     def hold():
@@ -490,7 +493,7 @@ def test_a_worker_waiting_for_its_turn_is_not_timed_out(tmp_path):
 
 def test_many_large_items_and_large_outcomes_do_not_deadlock_a_streaming_worker(tmp_path):
     """70 items of 40 requests (2 KB each, sent ahead) and outcomes of 1.5 MB: both pipes
-    fill. The parent sends from a thread of its own (``harness.worker._Sender``), so it is
+    fill. The parent sends from a thread of its own (``harness.sampling.worker._Sender``), so it is
     never stuck sending while the worker, holding its turn, is stuck sending an outcome."""
     base = next(s for s in SCENARIOS if s.name == "standard-near-target").to_dict()
     request = base["requests"][1]

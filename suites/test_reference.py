@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 
-from harness import stats
-from harness.catalog import catalog
-from harness.profiles import get_profile
+from harness.checking import stats
 from harness.protocol import VerifyBatch
-from harness.runner import run
-from harness.scenarios import RequestSpec, Scenario, materialize, trials
+from harness.run.runner import run
+from harness.scenarios.catalog import catalog
+from harness.scenarios.materialize import materialize, trials
+from harness.scenarios.profiles import get_profile
+from harness.scenarios.scenario import RequestSpec, Scenario
 from reference.distributions import RepeatingRows, repeat_period, softmax_rows
 from reference.methods import Method
 from reference.rng import Stream, uniforms
@@ -158,7 +159,7 @@ def test_mixed_batch_with_degenerate_rows_low_precision_and_scattered_slots():
 def test_bfloat16_rounding_is_exact_in_torch():
     import torch
 
-    from harness.scenarios import round_to_dtype
+    from harness.scenarios.materialize import round_to_dtype
 
     x = np.random.default_rng(0).normal(0, 3, 1000).astype(np.float32)
     for dtype in ("bfloat16", "float16"):

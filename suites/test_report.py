@@ -7,13 +7,13 @@ import sqlite3
 
 import pytest
 
-from harness.catalog import catalog
 from harness.cli import main
-from harness.drift import analyse
-from harness.history import HistoryError, append_run, load
-from harness.profiles import get_profile
-from harness.report import write_outputs
-from harness.runner import run
+from harness.evidence.history import HistoryError, append_run, load
+from harness.report.drift import analyse
+from harness.report.outputs import write_outputs
+from harness.run.runner import run
+from harness.scenarios.catalog import catalog
+from harness.scenarios.profiles import get_profile
 from suites.browser import launch, open_page, unavailable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

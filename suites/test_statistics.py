@@ -10,11 +10,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from harness import stats
 from harness.backends import load_backend
-from harness.profiles import get_profile
-from harness.runner import planned_trials, sample_scenario
-from harness.scenarios import RequestSpec, Scenario
+from harness.checking import stats
+from harness.run.plans import planned_trials
+from harness.sampling.sample import sample_scenario
+from harness.scenarios.profiles import get_profile
+from harness.scenarios.scenario import RequestSpec, Scenario
 
 META_ALPHA = 1e-6  # false-alarm rate of each agreement test below
 REPS = 3000

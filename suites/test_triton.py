@@ -1,4 +1,4 @@
-"""The suite's own Triton sampler (``harness/backends/triton_sampler.py``).
+"""The suite's own Triton sampler (``harness/backends/triton/sampler.py``).
 
 On a CPU-only machine the kernels run under the Triton interpreter (``conftest.py`` sets
 TRITON_INTERPRET=1 before Triton is imported). What is checked:
@@ -11,7 +11,7 @@ TRITON_INTERPRET=1 before Triton is imported). What is checked:
 * the far tail of the inverse-CDF draw: exact slices of (0, 1) for tokens 1e-12 below the
   head, and tail rates with calibrated binomial tests (1e-9 below the max on a GPU);
 * seeded reproducibility and independence from batch mates;
-* the fused small-batch path (``harness/backends/triton_fused.py``, taken by default up to
+* the fused small-batch path (``harness/backends/triton/fused.py``, taken by default up to
   ``FUSED_MAX_REQUESTS`` requests a call) and the staged path: each of the above on both
   paths where the default would take one only, the same outputs token for token on random
   mixed batches, and the dispatch rule (planted faults always staged).
@@ -31,23 +31,25 @@ triton = pytest.importorskip("triton", reason="the Triton backend needs triton")
 import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import globaltimer  # noqa: E402
 
-from harness import stats  # noqa: E402
-from harness.backends import triton_fused as tf  # noqa: E402
-from harness.backends import triton_sampler as ts  # noqa: E402
-from harness.backends.triton_fault import TritonFaultBackend  # noqa: E402
-from harness.catalog import catalog  # noqa: E402
-from harness.checks import Verdict  # noqa: E402
-from harness.device import gpu_skip_reason  # noqa: E402
-from harness.profiles import get_profile  # noqa: E402
+from harness.backends.triton import fused as tf  # noqa: E402
+from harness.backends.triton import sampler as ts  # noqa: E402
+from harness.backends.triton.variants import TritonFaultBackend  # noqa: E402
+from harness.checking import stats  # noqa: E402
+from harness.checking.checks import Verdict  # noqa: E402
+from harness.gpus import gpu_skip_reason  # noqa: E402
 from harness.protocol import VerifyBatch, as_numpy_outputs  # noqa: E402
-from harness.runner import planned_trials, run, sample_scenario  # noqa: E402
-from harness.scenarios import materialize, trials  # noqa: E402
+from harness.run.plans import planned_trials  # noqa: E402
+from harness.run.runner import run  # noqa: E402
+from harness.sampling.sample import sample_scenario  # noqa: E402
+from harness.scenarios.catalog import catalog  # noqa: E402
+from harness.scenarios.materialize import materialize, trials  # noqa: E402
+from harness.scenarios.profiles import get_profile  # noqa: E402
 from reference.distributions import greedy_tokens  # noqa: E402
 from reference.methods import Method  # noqa: E402
 from reference.sampler import ReferenceSampler  # noqa: E402
 
-BACKEND = "harness.backends.triton_sampler:TritonBackend"
-FUSED = "harness.backends.triton_fused:FusedTritonBackend"
+BACKEND = "harness.backends.triton.sampler:TritonBackend"
+FUSED = "harness.backends.triton.fused:FusedTritonBackend"
 PATHS = ("staged", "fused")  # both paths, where a test's batches would take one only by default (auto)
 ALPHA = 1e-6  # false-alarm rate of each statistical test in this file
 POWER = 0.99
@@ -902,7 +904,7 @@ def test_gpu_fused_equals_staged(vocab, b, k, chain_only, equal_counts):
     finds its rows without ``cu``). With
     the staged path's exact-law checks this verifies the fused path's law; the whole ``gpu``
     catalog on the fused path also passed on an H100 (``python -m harness run --backend
-    harness.backends.triton_fused:FusedTritonBackend --profile gpu --device cuda``) but takes
+    harness.backends.triton.fused:FusedTritonBackend --profile gpu --device cuda``) but takes
     minutes, mostly compiling, so it is not part of ``-m gpu``."""
     flags = _CHAIN_ONLY if chain_only else {}
     for seed in range(2):

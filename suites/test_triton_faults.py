@@ -1,4 +1,4 @@
-"""Every fault planted in the Triton kernels (``harness.triton_faults``) is caught.
+"""Every fault planted in the Triton kernels (``harness.backends.triton.faults``) is caught.
 
 The Triton interpreter takes 2 to 6 minutes per fault for the whole ``ci`` catalog, so
 the CPU suite runs each fault on the one ``ci`` scenario recorded below, which must catch
@@ -17,14 +17,14 @@ pytest.importorskip("torch", reason="the Triton backend needs torch")
 pytest.importorskip("triton", reason="the Triton backend needs triton")
 
 from harness.backends import load_backend  # noqa: E402
-from harness.catalog import catalog  # noqa: E402
+from harness.backends.faults import FAULTS  # noqa: E402
+from harness.backends.triton.faults import NOT_PLANTED, TRITON_FAULTS  # noqa: E402
 from harness.cli import main  # noqa: E402
-from harness.detection import detect, family_of  # noqa: E402
-from harness.device import gpu_skip_reason  # noqa: E402
-from harness.faults import FAULTS  # noqa: E402
-from harness.profiles import get_profile  # noqa: E402
-from harness.runner import run  # noqa: E402
-from harness.triton_faults import NOT_PLANTED, TRITON_FAULTS  # noqa: E402
+from harness.gpus import gpu_skip_reason  # noqa: E402
+from harness.run.runner import run  # noqa: E402
+from harness.scenarios.catalog import catalog  # noqa: E402
+from harness.scenarios.profiles import get_profile  # noqa: E402
+from harness.studies.detection import detect, family_of  # noqa: E402
 
 # The interpreter computes Philox's wrapping uint32 products with NumPy, which warns.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.*")
@@ -134,8 +134,8 @@ def test_triton_fault_is_caught_on_cpu(fault):
 @pytest.mark.parametrize(
     "backend,caught",
     [
-        ("harness.backends.triton_fault:OovLaneWinsOnCudaTiles", True),  # the fault: a padded lane's id >= V
-        ("harness.backends.triton_fault:CudaTiles", False),  # the correct sampler on the same tiles
+        ("harness.backends.triton.variants:OovLaneWinsOnCudaTiles", True),  # the fault: a padded lane's id >= V
+        ("harness.backends.triton.variants:CudaTiles", False),  # the correct sampler on the same tiles
     ],
     ids=["oov-lane-wins", "correct"],
 )

@@ -1,4 +1,4 @@
-"""Direct launches of compiled Triton kernels (``harness/backends/triton_launch.py``).
+"""Direct launches of compiled Triton kernels (``harness/backends/triton/launch.py``).
 
 * CPU: the launch key tells apart every pair of arguments that Triton's own specializer
   (``native_specialize_impl``) tells apart, over tensors of each alignment and dtype, ints at
@@ -19,10 +19,10 @@ triton = pytest.importorskip("triton", reason="the Triton backend needs triton")
 
 import triton.language as tl  # noqa: E402
 
-from harness.backends import triton_fused as tf  # noqa: E402
-from harness.backends import triton_launch as tlaunch  # noqa: E402
-from harness.backends import triton_sampler as ts  # noqa: E402
-from harness.device import gpu_skip_reason  # noqa: E402
+from harness.backends.triton import fused as tf  # noqa: E402
+from harness.backends.triton import launch as tlaunch  # noqa: E402
+from harness.backends.triton import sampler as ts  # noqa: E402
+from harness.gpus import gpu_skip_reason  # noqa: E402
 
 _NO_DIRECT = gpu_skip_reason() or (
     None

@@ -27,8 +27,8 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from harness.backends import triton_fused as tf  # noqa: E402
-from harness.backends import triton_sampler as ts  # noqa: E402
+from harness.backends.triton import fused as tf  # noqa: E402
+from harness.backends.triton import sampler as ts  # noqa: E402
 
 _ROOT = Path(__file__).resolve().parents[1]
 

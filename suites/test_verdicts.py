@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.catalog import catalog
 from harness.cli import EXIT_UNVERIFIED, main
-from harness.profiles import get_profile
-from harness.runner import run
+from harness.run.runner import run
+from harness.scenarios.catalog import catalog
+from harness.scenarios.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = get_profile("smoke")
@@ -152,13 +152,13 @@ def test_a_bad_out_is_refused_before_sampling(tmp_path, capsys, out):
 
 
 def test_a_failed_write_still_prints_the_summary_and_verdict(tmp_path, capsys, monkeypatch):
-    import harness.records
+    import harness.evidence.records
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(harness.records, "write_unit", full_disk)
-    monkeypatch.setattr("harness.report.write_unit", full_disk)
+    monkeypatch.setattr(harness.evidence.records, "write_unit", full_disk)
+    monkeypatch.setattr("harness.report.outputs.write_unit", full_disk)
     code, _ = cli(tmp_path, "--scenario", "greedy-ties")
     captured = capsys.readouterr()
     assert code == 2
@@ -167,7 +167,7 @@ def test_a_failed_write_still_prints_the_summary_and_verdict(tmp_path, capsys, m
 
 
 def test_outputs_are_one_unit_an_interrupted_write_leaves_the_previous_run(tmp_path, monkeypatch):
-    from harness import records
+    from harness.evidence import records
 
     out = tmp_path / "out"
     records.write_unit(str(out), {"results.json": "old\n", "index.html": "old\n", "scenarios/a.json": "old\n"}, ("scenarios",))
@@ -193,7 +193,7 @@ def test_outputs_are_one_unit_an_interrupted_write_leaves_the_previous_run(tmp_p
 
 @pytest.mark.parametrize("rel", ["../x.json", "/tmp/x.json", "scenarios/../../x.json"])
 def test_no_output_path_leaves_the_output_folder(tmp_path, rel):
-    from harness import records
+    from harness.evidence import records
 
     with pytest.raises(ValueError, match="not inside the output folder"):
         records.write_unit(str(tmp_path / "out"), {rel: "x"})

@@ -26,18 +26,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.backends import vllm_mrv2, vllm_v1
-from harness.catalog import catalog, find
-from harness.device import gpu_skip_reason
-from harness.profiles import get_profile
-from harness.runner import run
-from harness.scenarios import materialize, trials
+from harness.backends.vllm import mrv2 as vllm_mrv2
+from harness.backends.vllm import v1 as vllm_v1
+from harness.gpus import gpu_skip_reason
+from harness.run.runner import run
+from harness.scenarios.catalog import catalog, find
+from harness.scenarios.materialize import materialize, trials
+from harness.scenarios.profiles import get_profile
 from reference import synthetic as synth
 from reference.sampler import ReferenceSampler
 
 ROOT = Path(__file__).resolve().parent.parent
-MRV2 = "harness.backends.vllm_mrv2:VllmMrv2Backend"
-V1 = "harness.backends.vllm_v1:VllmV1Backend"
+MRV2 = "harness.backends.vllm.mrv2:VllmMrv2Backend"
+V1 = "harness.backends.vllm.v1:VllmV1Backend"
 TREE_019 = Path(os.environ.get("SPECDEC_VLLM_019_SRC", ROOT / "vendor" / "vllm-0.19.1"))
 
 # Smoke-profile scenarios affordable under the interpreter: the exact (greedy-like) ones take
@@ -161,11 +162,11 @@ def test_vllm_019_synthetic_params_match_reference(n):
 
 _RUN_019 = """
 import json, sys
-from harness.catalog import catalog, find
-from harness.profiles import get_profile
-from harness.runner import run
-from harness.scenarios import materialize, trials
-from harness.backends.vllm_mrv2 import VllmMrv2Backend
+from harness.scenarios.catalog import catalog, find
+from harness.scenarios.profiles import get_profile
+from harness.run.runner import run
+from harness.scenarios.scenario import materialize, trials
+from harness.backends.vllm.mrv2 import VllmMrv2Backend
 profile = get_profile("smoke")
 backend = VllmMrv2Backend()
 out = {"api": backend.api, "bad": [], "skipped": []}
@@ -175,7 +176,7 @@ for name in sys.argv[1:]:
     if reason:
         out["skipped"].append(f"{name}: {reason}")
         continue
-    for r in run(["harness.backends.vllm_mrv2:VllmMrv2Backend"], [s], profile, 0).records:
+    for r in run(["harness.backends.vllm.mrv2:VllmMrv2Backend"], [s], profile, 0).records:
         if r.verdict in ("fail", "error"):
             out["bad"].append(f"{r.scenario}[{r.template}] {r.check}: {r.verdict}: {r.message}")
 print(json.dumps(out))

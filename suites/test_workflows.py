@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from suites.helpers import python_only_tree
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ACTIONLINT = shutil.which("actionlint", path=os.path.dirname(sys.executable)) or shutil.which("actionlint")
 
@@ -48,30 +50,10 @@ def test_nightly_plumbing_and_exit_codes(tmp_path):
     assert nightly(tmp_path, "--target", "nolabel").returncode == 2
 
 
-def python_only_tree(dest):
-    """A python-only vLLM tree (``.py`` files + dist-info METADATA) from the installed wheel,
-    as scripts/build_vllm_tree.py makes one from a wheel or a checkout."""
-    import importlib.metadata
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("vllm")
-    src = Path(spec.origin).parent
-    for path in src.rglob("*.py"):
-        target = dest / "vllm" / path.relative_to(src)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
-    version = importlib.metadata.version("vllm")
-    meta = dest / f"vllm-{version}.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
-    return dest
-
-
 def test_nightly_against_a_pinned_release_and_a_source_tree(tmp_path):
     """What the nightly workflow runs, end to end on the CPU: vLLM MRV2 from the installed
     release and from a python-only source tree, history, drift page."""
-    from harness.backends import vllm_mrv2
+    from harness.backends.vllm import mrv2 as vllm_mrv2
 
     ok, why = vllm_mrv2.availability()
     if not ok:

@@ -1,15 +1,15 @@
 """Backend registry: built-in names, planted faults, and third-party dotted paths.
 
 ``reference``          the float64 NumPy sampler (``reference.sampler``).
-``triton``             the suite's own Triton sampler (``harness.backends.triton_sampler``).
-``vllm-mrv2``          vLLM's Model Runner V2 ``rejection_sample`` (``harness.backends.vllm_mrv2``).
-``vllm-v1``            vLLM's V1 ``rejection_sample`` (``harness.backends.vllm_v1``).
-``fault:NAME``         the reference with one planted bug (``harness.faults``).
-``triton-fault:NAME``  the Triton sampler with one planted kernel bug (``harness.triton_faults``).
+``triton``             the suite's own Triton sampler (``harness.backends.triton.sampler``).
+``vllm-mrv2``          vLLM's Model Runner V2 ``rejection_sample`` (``harness.backends.vllm.mrv2``).
+``vllm-v1``            vLLM's V1 ``rejection_sample`` (``harness.backends.vllm.v1``).
+``fault:NAME``         the reference with one planted bug (``harness.backends.faults``).
+``triton-fault:NAME``  the Triton sampler with one planted kernel bug (``harness.backends.triton.faults``).
 ``pkg.mod:Attr``       a third-party implementation: a class (instantiated with no
                        arguments), an object with ``sample(batch)``, or a plain function
                        ``sample(batch) -> (tokens, num_emitted)``. See ``harness.protocol``.
-``NAME@PATH``          any of these bound to a vLLM source tree (``harness.runner.split_source``).
+``NAME@PATH``          any of these bound to a vLLM source tree (``harness.run.runner.split_source``).
 
 ``check_backend_name`` refuses a name none of these can be, before anything is sampled.
 """
@@ -18,9 +18,9 @@ import importlib
 import os
 import sys
 
-from harness.faults import FAULTS
-from harness.scenarios import did_you_mean
-from harness.triton_faults import TRITON_FAULTS
+from harness.backends.faults import FAULTS
+from harness.backends.triton.faults import TRITON_FAULTS
+from harness.scenarios.scenario import did_you_mean
 from reference.sampler import ReferenceSampler
 
 
@@ -50,9 +50,9 @@ class FunctionBackend:
 
 # Built-in names for backends whose modules import heavy packages only when loaded.
 NAMED = {
-    "triton": "harness.backends.triton_sampler:TritonBackend",
-    "vllm-mrv2": "harness.backends.vllm_mrv2:VllmMrv2Backend",
-    "vllm-v1": "harness.backends.vllm_v1:VllmV1Backend",
+    "triton": "harness.backends.triton.sampler:TritonBackend",
+    "vllm-mrv2": "harness.backends.vllm.mrv2:VllmMrv2Backend",
+    "vllm-v1": "harness.backends.vllm.v1:VllmV1Backend",
 }
 
 
@@ -111,7 +111,7 @@ def load_backend(name: str):
         _check_fault(name, TRITON_FAULTS, "Triton fault", "triton-fault:")
         fault = name.split(":", 1)[1]
         try:
-            from harness.backends.triton_fault import TritonFaultBackend
+            from harness.backends.triton.variants import TritonFaultBackend
         except ImportError as e:
             raise ValueError(f"backend: {name!r} needs the Triton backend: {e}") from None
         return TritonFaultBackend(fault)

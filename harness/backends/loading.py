@@ -1,0 +1,27 @@
+"""TODO docstring."""
+
+import os
+
+from harness.backends import load_backend
+
+
+def split_source(name: str) -> tuple[str, str | None]:
+    """``vllm-mrv2@vendor/vllm-0.19.1`` -> (``vllm-mrv2``, ``vendor/vllm-0.19.1``): a backend
+    bound to a vLLM source tree, so two vLLM versions can be verified in one run."""
+    base, sep, src = name.partition("@")
+    return base, (src if sep else None)
+
+
+def load_for_device(name: str, device: str):
+    base, src = split_source(name)
+    if src:  # in a worker process this binds the tree for that backend alone
+        from harness.backends.vllm.env import SRC_ENV, use_source_tree
+
+        os.environ[SRC_ENV] = os.path.abspath(src)
+        use_source_tree(src)
+    backend = load_backend(base)
+    devices = getattr(backend, "devices", ("cpu",))
+    if device not in devices:
+        raise ValueError(f"backend {name!r} runs on {', '.join(devices)}, not {device}")
+    backend.device = device
+    return backend

@@ -1,0 +1,1 @@
+"""Reports: the run page, the drift page, and their self-contained HTML."""

@@ -1,0 +1,1 @@
+"""Running many scenarios through many backends: plans, scheduling, evaluation."""

@@ -1,0 +1,338 @@
+"""TODO docstring."""
+
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.gpus import gpu_sharers
+from harness.protocol import MalformedOutputs, as_numpy_outputs, check_integer_outputs, checked_outputs
+from harness.sampling.tally import TemplateTally, add_outputs
+from harness.scenarios.materialize import materialize, trials
+from harness.scenarios.profiles import Profile
+from harness.scenarios.scenario import Scenario
+
+
+class Unsupported(Exception):
+    """The backend declared (through ``supports``) that it cannot run a scenario."""
+
+
+def sample_scenario(backend, scenario: Scenario, templates, count: int, profile: Profile) -> list[TemplateTally]:
+    """Run ``count`` trials of every template through ``backend``; return the tallies."""
+    return start_scenario(backend, scenario, templates, count, profile).tallies()
+
+
+class Started:
+    """A scenario's sampling, queued: ``tallies()`` waits for its counts; ``ready()`` says
+    whether they are back (until then the device may still be working on it, and the host
+    can prepare the next scenarios)."""
+
+    def __init__(self, tallies, ready=None):
+        # tallies: the function that waits for them; ready: None when they are complete already
+        self._tallies, self._ready = tallies, ready
+
+    @classmethod
+    def complete(cls, tallies: list) -> "Started":
+        return cls(lambda: tallies)
+
+    def ready(self) -> bool:
+        return self._ready is None or self._ready()
+
+    def tallies(self) -> list[TemplateTally]:
+        return self._tallies()
+
+
+class ProtocolError(Exception):
+    """The backend broke the protocol (``harness.protocol``) in a way no check can score."""
+
+
+@dataclass(frozen=True)
+class Declined:
+    """A template the backend declined (``supports``): in the tallies' place, its reason."""
+
+    reason: str
+
+
+def start_scenario(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
+    """``sample_scenario`` up to its last wait: batches built and tallied on a GPU are left
+    queued there, only the host path's tallies are complete. Templates the backend declines
+    are ``Declined`` in the tallies; the rest are sampled in as few batches as it accepts."""
+    groups, declined, reason = accepted_groups(backend, scenario, templates)
+    if not groups:
+        raise Unsupported(reason)
+    started = [(group, _start_group(backend, scenario, [templates[i] for i in group], count, profile)) for group in groups]
+
+    def tallies():
+        out: list = [Declined(declined[i]) if i in declined else None for i in range(len(templates))]
+        for group, one in started:
+            for i, tally in zip(group, one.tallies()):
+                out[i] = tally
+        return out
+
+    if len(started) == 1 and not declined:
+        return started[0][1]
+    return Started(tallies, lambda: all(one.ready() for _, one in started))
+
+
+def accepted_groups(backend, scenario: Scenario, templates) -> tuple[list[list[int]], dict[int, str], str | None]:
+    """(template indices in batches the backend accepts, {declined index: reason}, why it
+    declined the whole scenario or None). The whole scenario in one batch when it accepts
+    that; else each template is asked alone, and the accepted ones are put together while it
+    accepts them together."""
+    reason = _asked(backend, scenario, templates)
+    if reason is None:
+        return [list(range(len(templates)))], {}, None
+    if len(templates) == 1:
+        return [], {0: reason}, reason
+    declined = {i: _asked(backend, scenario, [t]) for i, t in enumerate(templates)}
+    declined = {i: why for i, why in declined.items() if why is not None}
+    groups: list[list[int]] = []
+    for i in (i for i in range(len(templates)) if i not in declined):
+        group = next((g for g in groups if _asked(backend, scenario, [templates[j] for j in g + [i]]) is None), None)
+        if group is None:
+            groups.append([i])
+        else:
+            group.append(i)
+    return groups, declined, reason
+
+
+def _asked(backend, scenario: Scenario, templates) -> str | None:
+    """The backend's ``supports`` on one trial of ``templates`` (what it supports depends on
+    the templates only), held to the protocol: None or a non-empty reason string."""
+    if not hasattr(backend, "supports"):
+        return None
+    reason = backend.supports(trials(scenario, templates, 0, 1).batch)
+    if reason is None or (isinstance(reason, str) and reason.strip()):
+        return reason
+    name = getattr(backend, "name", type(backend).__name__)
+    raise ProtocolError(f"backend {name!r}: supports() returned {reason!r}; expected None or a non-empty reason string")
+
+
+def _start_group(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
+    if getattr(backend, "device_batches", False):
+        return _sample_on_device(backend, scenario, templates, count, profile)
+    tallies = [TemplateTally(t.effective_drafts, scenario.vocab_size) for t in templates]
+    repeatable = _repeatable(backend, scenario, templates)
+    chunk = _chunk_trials(scenario, templates, profile.chunk_elements)
+    done = 0
+    while done < count:
+        n = min(chunk, count - done)
+        tr = trials(scenario, templates, done, n)
+        batch = tr.batch
+        result = backend.sample(batch)
+        try:
+            tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
+        except MalformedOutputs as e:
+            return Started.complete(_all_malformed(tallies, count, str(e)))
+        add_outputs(tallies, tokens, emitted, tr.drafts, done)
+        done += n
+    for tally in tallies:
+        tally.repeatable = repeatable
+    return Started.complete(tallies)
+
+
+def _repeatable(backend, scenario: Scenario, templates) -> bool | None:
+    """Whether two calls on the same one-trial batch emit the same tokens (None: the calls
+    did not give well-formed outputs; the sampling proper reports that)."""
+    outputs = []
+    for _ in range(2):
+        batch = trials(scenario, templates, 0, 1).batch
+        try:
+            outputs.append(as_numpy_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts))
+        except ValueError:
+            return None
+    return _same_emitted(*outputs[0], *outputs[1])
+
+
+def _same_emitted(tokens_a, emitted_a, tokens_b, emitted_b) -> bool:
+    """Whether two outputs emitted the same tokens (slots past ``num_emitted`` are not read)."""
+    shown = np.arange(tokens_a.shape[1])[None, :] < emitted_a[:, None]
+    return bool((emitted_a == emitted_b).all() and (np.where(shown, tokens_a, 0) == np.where(shown, tokens_b, 0)).all())
+
+
+def _all_malformed(tallies: list[TemplateTally], count: int, reason: str) -> list[TemplateTally]:
+    """Every trial a structure violation: outputs that are not token ids cannot be scored."""
+    for tally in tallies:
+        tally.outcome[:] = 0
+        tally.steps[:] = 0
+        tally.trials, tally.violations, tally.example = count, count, {"reason": reason}
+    return tallies
+
+
+# A row passed as a stride-0 view costs the backend its per-row scratch only (statistics per
+# vocabulary tile, indices): counted as this many logits against the memory budget, at any
+# vocabulary (the scratch does not shrink with it).
+VIEW_ROW_ELEMENTS = 1024
+
+
+def _chunk_trials(scenario: Scenario, templates, elements: int, row_elements: int | None = None) -> int:
+    """Trials per backend call within a budget of ``elements`` logits; a row costs
+    ``row_elements`` (default: the vocabulary, a materialized row)."""
+    per_trial = sum(t.num_drafts + 1 for t in templates) * (row_elements or scenario.vocab_size)
+    return max(1, elements // per_trial)
+
+
+def device_chunk_elements(profile: Profile) -> int:
+    """The profile's per-call logits budget on a GPU, divided between the processes that
+    use the GPU at once (``pytest -n N`` with more workers than GPUs)."""
+    return profile.device_chunk_elements // gpu_sharers()
+
+
+def device_trials(backend, scenario: Scenario, templates, count: int, profile: Profile):
+    """(``count`` trials built on the backend's device, trials per backend call)."""
+    from harness.sampling.device.trials import DeviceTrials
+
+    device = getattr(backend, "device", "cpu")
+    built = DeviceTrials(scenario, templates, device, share_rows=getattr(backend, "shared_rows", False))
+    built.prepare(count)
+    budget = profile.chunk_elements if device == "cpu" else device_chunk_elements(profile)
+    views = built.shared_target and (built.shared_draft or not scenario.draft_probs)
+    chunk = _chunk_trials(scenario, templates, budget, VIEW_ROW_ELEMENTS if views else None)
+    # An even chunk starts every chunk's slices of the run-long int64 fields (positions,
+    # seeds, drafts) 16-byte aligned: Triton compiles a kernel again for each alignment.
+    return built, count if chunk >= count else max(1, chunk - chunk % 2)
+
+
+def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
+    """Inputs built and outputs tallied on the backend's device (``harness.sampling.device.trials``);
+    the counts are left queued there (``DeviceTally.start_finish``). The first chunk is
+    sampled twice, so that a backend whose outputs differ for the same inputs is flagged."""
+    from harness.sampling.device.tally import DeviceTally
+
+    built, chunk = device_trials(backend, scenario, templates, count, profile)
+    effective = [t.effective_drafts for t in templates]
+    tally = DeviceTally(effective, scenario.vocab_size, count, scenario.max_drafts, built.device, built.kernels)
+    done, same = 0, None
+    while done < count:
+        n = min(chunk, count - done)
+        batch, _ = built.chunk(done, n)
+        tokens, emitted = checked_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts)
+        try:
+            check_integer_outputs(tokens, emitted)
+        except MalformedOutputs as e:
+            return Started.complete(_all_malformed([TemplateTally(d, scenario.vocab_size) for d in effective], count, str(e)))
+        tally.add(tokens, emitted, done)
+        if done == 0:
+            same = _same_on_device(backend, built, batch, tally, n)
+        done += n
+    queued = tally.start_finish(built.drafts)
+
+    def tallies():
+        out = queued.tallies()
+        repeatable = None if same is None else bool(same.item())
+        for t in out:
+            t.repeatable = repeatable
+        return out
+
+    return Started(tallies, queued.ready)
+
+
+def _same_on_device(backend, built, batch, tally, n: int):
+    """A device bool: whether the backend emits the same tokens twice for the same inputs;
+    None when a call gives no well-formed outputs. On CUDA the first chunk (trials 0..n, in
+    ``tally``) is sampled again: its shapes are compiled already. On the CPU, where a Triton
+    kernel is interpreted and a chunk can take minutes, one trial is sampled twice."""
+    import torch
+
+    def call(b):
+        tokens, emitted = checked_outputs(backend.sample(b), b.num_requests, b.max_drafts)
+        check_integer_outputs(tokens, emitted)
+        return torch.as_tensor(tokens).clone(), torch.as_tensor(emitted).clone()  # outputs may live in reused buffers
+
+    try:
+        if torch.device(built.device).type == "cpu":
+            one, _ = built.chunk(0, 1)
+            (first_tokens, first_emitted), (tokens, emitted) = call(one), call(one)
+        else:
+            tokens, emitted = call(batch)
+            first_tokens, first_emitted = tally.tokens[:n].reshape(tokens.shape), tally.emitted[:n].reshape(emitted.shape)
+    except ValueError:
+        return None
+    shown = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < first_emitted[:, None]
+    return (first_emitted == emitted).all() & ((first_tokens == tokens) | ~shown).all()
+
+
+class TimedBackend:
+    """``backend`` with the (start, end) of each of its own ``sample`` calls (on CUDA the device
+    is synchronized around each call, so its kernels are counted rather than queued). The
+    clock (``perf_counter``, monotonic) is the machine's: worker processes' calls line up."""
+
+    def __init__(self, backend):
+        self._backend, self.calls = backend, []
+        self._sync = _cuda_synchronize if getattr(backend, "device", "cpu") == "cuda" else _no_sync
+
+    def __getattr__(self, name):  # supports, device_batches, shared_rows, ...: the backend's own
+        return getattr(self._backend, name)
+
+    def sample(self, batch):
+        self._sync()
+        t0 = time.perf_counter()
+        out = self._backend.sample(batch)
+        self._sync()
+        self.calls.append((t0, time.perf_counter()))
+        return out
+
+
+def _cuda_synchronize():
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def _no_sync():
+    pass
+
+
+def sample_one(backend, scenario: Scenario, profile: Profile, count: int, time_backend: bool = False) -> tuple:
+    """("tallies", tallies, seconds, [(start, end)] of the ``backend.sample`` calls or None) |
+    ("unsupported", reason) | ("error", message). ``time_backend``: measure the calls (off
+    by default: on CUDA it synchronizes around every call)."""
+    return start_one(backend, scenario, profile, count, time_backend).outcome()
+
+
+class StartedOne:
+    """``start_one``'s result: ``outcome()`` waits for the scenario's outcome."""
+
+    def __init__(self, started: Started | None, outcome: tuple | None = None, seconds=0.0, timed=None):
+        self._started, self._outcome, self._seconds, self._timed = started, outcome, seconds, timed
+
+    def ready(self) -> bool:
+        """Whether ``outcome()`` would not wait for the device. A device error (a CUDA fault,
+        reported by any later query) counts as ready: ``outcome()`` then gives it as an error."""
+        try:
+            return self._started is None or self._started.ready()
+        except Exception:
+            return True
+
+    def outcome(self) -> tuple:
+        if self._outcome is None:
+            try:
+                t0 = time.perf_counter()
+                tallies = self._started.tallies()
+                seconds = self._seconds + time.perf_counter() - t0
+                self._outcome = ("tallies", tallies, seconds, self._timed.calls if self._timed else None)
+            except Exception as e:
+                self._outcome = _failure(e)
+            self._started = None  # its device buffers go
+        return self._outcome
+
+
+def start_one(backend, scenario: Scenario, profile: Profile, count: int, time_backend: bool = False) -> StartedOne:
+    """``sample_one`` up to its last wait (``start_scenario``); an error raised here is the
+    outcome. Its seconds are those spent here and in waiting for its counts, not the next
+    scenario's start in between (``sample_stream``)."""
+    try:
+        templates = materialize(scenario)
+        timed = TimedBackend(backend) if time_backend else None
+        t0 = time.perf_counter()
+        started = start_scenario(timed or backend, scenario, templates, count, profile)
+        return StartedOne(started, None, time.perf_counter() - t0, timed)
+    except Exception as e:
+        return StartedOne(None, _failure(e))
+
+
+def _failure(e: Exception) -> tuple:
+    if isinstance(e, Unsupported):
+        return ("unsupported", str(e))
+    return ("error", "".join(traceback.format_exception_only(type(e), e)).strip())

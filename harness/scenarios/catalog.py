@@ -1,0 +1,148 @@
+"""The built-in scenario catalog of each profile.
+
+Tens of scenarios spanning every method, every distribution family, ragged draft counts
+(0 included), placeholders, a smaller draft vocabulary, verification without draft
+probabilities, fixed and sampled drafts, and one large vocabulary; the GPU profiles add a
+tile-boundary vocabulary (``Profile.boundary_vocab``). Deterministic in (profile, seed):
+the same seed always gives the same scenarios.
+"""
+
+from harness.scenarios.profiles import Profile
+from harness.scenarios.scenario import RequestSpec, Scenario, check_seed, did_you_mean
+from reference.rng import hash64
+
+R = RequestSpec
+
+
+def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
+    check_seed(seed)
+    v, big = profile.vocab, profile.large_vocab
+    specs = [
+        # greedy: exact outcomes
+        dict(name="greedy-ragged", method="greedy", requests=[R(0, 0, "peaked"), R(1, 0, "flat"), R(3, 0, "heavy-tail"), R(4, 0, "topk")]),
+        dict(name="greedy-ties", method="greedy", requests=[R(2, 0, "tied", "tied"), R(3, 0, "tied", "flat")]),
+        dict(name="greedy-placeholder", method="greedy", requests=[R(3, 0, "peaked", placeholder_at=1), R(2, 0, "flat", placeholder_at=0)]),
+        dict(
+            name="greedy-sampled", method="greedy", drafts="sampled", requests=[R(2, 0, "peaked", "near-target"), R(3, 0, "flat", "flat")]
+        ),
+        # strict
+        dict(name="strict-fixed", method="strict", requests=[R(1, 1.0, "peaked"), R(3, 0.8, "flat", "peaked")]),
+        dict(
+            name="strict-sampled",
+            method="strict",
+            drafts="sampled",
+            requests=[R(2, 1.0, "peaked", "near-target"), R(1, 1.5, "topk", "flat")],
+        ),
+        # standard, fixed drafts
+        dict(name="standard-near-target", method="standard", requests=[R(1, 1.0), R(3, 0.7), R(4, 1.3, "flat")]),
+        dict(name="standard-peaked-vs-flat", method="standard", requests=[R(2, 1.0, "peaked", "flat"), R(2, 1.0, "flat", "peaked")]),
+        dict(name="standard-disjoint", method="standard", requests=[R(2, 1.0, "topk", "disjoint"), R(1, 1.0, "peaked", "disjoint")]),
+        dict(
+            name="standard-heavy-tail",
+            method="standard",
+            requests=[R(3, 1.0, "heavy-tail", "heavy-tail"), R(2, 2.0, "heavy-tail", "near-target")],
+        ),
+        dict(name="standard-topk", method="standard", requests=[R(3, 1.0, "topk", "near-target"), R(2, 1.0, "topk", "topk")]),
+        dict(name="standard-zero-drafts", method="standard", requests=[R(0, 1.0), R(0, 0.5, "flat"), R(2, 1.0)]),
+        dict(name="standard-placeholder", method="standard", requests=[R(3, 1.0, placeholder_at=1), R(2, 1.0, "flat", placeholder_at=0)]),
+        dict(
+            name="standard-small-draft-vocab",
+            method="standard",
+            draft_vocab_size=max(2, v // 2),
+            requests=[R(2, 1.0, "flat", "flat"), R(3, 1.0, "peaked", "near-target")],
+        ),
+        dict(name="standard-temperatures", method="standard", requests=[R(2, 1e-4, "flat"), R(2, 0.3), R(2, 10.0, "peaked")]),
+        dict(name="standard-no-draft-probs", method="standard", draft_probs=False, requests=[R(2, 1.0), R(3, 1.0, "flat", "flat")]),
+        dict(name="standard-aligned-positions", method="standard", positions="aligned", requests=[R(2, 1.0, "flat", "peaked"), R(1, 1.0)]),
+        dict(
+            name="standard-permuted-slots",
+            method="standard",
+            slots="permuted",
+            requests=[R(2, 0.4), R(2, 2.5, "peaked", "flat"), R(1, 1.0, "flat")],
+        ),
+        dict(name="standard-bf16", method="standard", dtype="bfloat16", requests=[R(2, 1.0), R(3, 0.8, "heavy-tail", "flat")]),
+        dict(
+            name="standard-nan-rows",
+            method="standard",
+            requests=[R(2, 1.0, nan_rows=(0,)), R(2, 1.0, masked_rows=(2,)), R(1, 0, nan_rows=(1,))],
+        ),
+        dict(name="standard-same-as-target", method="standard", requests=[R(3, 1.0, "peaked", "same"), R(2, 0.7, "flat", "same")]),
+        dict(
+            name="standard-large-vocab",
+            method="standard",
+            vocab_size=big,
+            requests=[R(2, 1.0, "peaked"), R(1, 1.0, "heavy-tail", "near-target")],
+        ),
+        # standard, drafts sampled per trial
+        dict(name="standard-sampled", method="standard", drafts="sampled", requests=[R(1, 1.0), R(3, 1.0, "peaked", "flat")]),
+        dict(name="standard-sampled-disjoint", method="standard", drafts="sampled", requests=[R(2, 1.0, "topk", "disjoint")]),
+        dict(
+            name="standard-sampled-no-draft-probs",
+            method="standard",
+            drafts="sampled",
+            draft_probs=False,
+            requests=[R(2, 1.0, "peaked", "near-target")],
+        ),
+        # block verification
+        dict(name="block-fixed", method="block", requests=[R(2, 1.0), R(3, 1.0, "peaked", "flat"), R(4, 0.8, "flat")]),
+        dict(name="block-no-draft-probs", method="block", draft_probs=False, requests=[R(3, 1.0), R(2, 1.0, "flat", "flat")]),
+        dict(name="block-placeholder", method="block", requests=[R(3, 1.0, placeholder_at=2), R(1, 1.0, placeholder_at=0)]),
+        dict(
+            name="block-sampled",
+            method="block",
+            drafts="sampled",
+            requests=[R(2, 1.0, "peaked", "near-target"), R(3, 1.0, "flat", "peaked")],
+        ),
+        dict(name="block-greedy", method="block", requests=[R(3, 0, "peaked", "near-target")]),
+        # synthetic (lossy): acceptance closed forms only
+        dict(name="synthetic-mean-rate", method="synthetic", synthetic={"mean_rate": 0.6}, requests=[R(4, 1.0), R(4, 0, "flat")]),
+        dict(
+            name="synthetic-rates",
+            method="synthetic",
+            synthetic={"rates": [0.9, 0.5, 0.2]},
+            requests=[R(3, 1.0), R(3, 1.0, "flat", "flat")],
+        ),
+        dict(
+            name="synthetic-length",
+            method="synthetic",
+            synthetic={"acceptance_length": 2.5},
+            requests=[R(4, 1.0), R(4, 0.5, "peaked", "flat")],
+        ),
+        dict(name="synthetic-same-as-target", method="synthetic", synthetic={"rates": [0.7, 0.4]}, requests=[R(2, 1.0, "peaked", "same")]),
+        dict(
+            name="synthetic-mixed-batch",
+            method="standard",
+            synthetic={"mean_rate": 0.5},
+            requests=[R(3, 1.0, method="synthetic"), R(2, 0, method="greedy"), R(2, 1.0)],
+        ),
+        dict(name="synthetic-extremes", method="synthetic", synthetic={"rates": [1.0, 1.0, 0.0]}, requests=[R(3, 1.0)]),
+    ]
+    if profile.boundary_vocab:
+        # GPU profiles: their small vocabularies are one whole CUDA tile and their large one
+        # never meets an empty residual. Here every rejection's residual is empty (draft =
+        # target) and the last tile is partly past V (Triton's 2048-wide, vLLM's 1024 and 8192
+        # on CUDA): a masked lane must never win (GHSA-8wr5-jm2h-8r4f). Appended last, so the
+        # scenarios above keep their seeds in every profile.
+        specs.append(
+            dict(
+                name="synthetic-boundary-vocab",
+                method="synthetic",
+                vocab_size=profile.boundary_vocab,
+                synthetic={"rates": [0.7, 0.4]},
+                requests=[R(2, 1.0, "peaked", "same")],
+            )
+        )
+    out = []
+    for i, spec in enumerate(specs):
+        spec = {"vocab_size": v, **spec, "seed": int(hash64(seed, i) % (1 << 31))}
+        spec["requests"] = tuple(spec["requests"])
+        out.append(Scenario(**spec))
+    return out
+
+
+def find(scenarios: list[Scenario], name: str) -> Scenario:
+    for s in scenarios:
+        if s.name == name:
+            return s
+    hint = did_you_mean(name, [s.name for s in scenarios])
+    raise ValueError(f"scenario: no scenario named {name!r} in this profile's catalog{hint} (see 'python -m harness scenarios')")

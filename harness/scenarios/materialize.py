@@ -1,0 +1,190 @@
+"""TODO docstring."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.protocol import VerifyBatch
+from harness.scenarios.scenario import POSITION_RANGE, RequestSpec, Scenario, conditional_rates
+from reference.distributions import pad_vocab, softmax_rows
+from reference.methods import Method
+from reference.rng import Stream, hash64, uniforms
+from reference.rules import draw_from_row
+
+
+# --- distribution families ---------------------------------------------------------------
+def family_logits(name: str, rng: np.random.Generator, vocab: int, target: np.ndarray | None = None) -> np.ndarray:
+    """float64 logits of one row from a named family (draft families may look at ``target``)."""
+    if name == "flat":
+        return rng.normal(0.0, 0.3, vocab)
+    if name == "peaked":
+        return rng.normal(0.0, 2.5, vocab)
+    if name == "heavy-tail":
+        return -1.1 * np.log1p(rng.permutation(vocab).astype(np.float64))
+    if name == "topk":
+        x = rng.normal(0.0, 1.5, vocab)
+        keep = max(2, vocab // 4)
+        x[np.argsort(-x)[keep:]] = -np.inf
+        return x
+    if name == "tied":
+        x = rng.normal(0.0, 1.0, vocab)
+        x[rng.choice(vocab, size=min(3, vocab), replace=False)] = x.max() + 1.0
+        return x
+    if name == "near-target":
+        base = target[:vocab]
+        return np.where(np.isfinite(base), base + rng.normal(0.0, 0.3, vocab), -np.inf)
+    if name == "same":  # draft == target: nothing to reject, an empty residual
+        return target[:vocab].copy()
+    if name == "disjoint":
+        order = np.argsort(-np.where(np.isfinite(target[:vocab]), target[:vocab], -np.inf))
+        x = rng.normal(0.0, 1.0, vocab)
+        x[order[: max(1, vocab // 2)]] = -np.inf
+        return x
+    raise ValueError(f"family: unknown distribution family {name!r}")
+
+
+@dataclass(frozen=True)
+class Template:
+    """One materialized request template: float32 logits and the laws' inputs."""
+
+    spec: RequestSpec
+    method: Method
+    target_logits: np.ndarray  # [d+1, V] float32
+    proposal_logits: np.ndarray  # [d, V_draft] float32 (drafts come from these)
+    drafts: np.ndarray | None  # [d] fixed draft ids (with placeholders), None when sampled
+    rates: np.ndarray  # [d] synthetic conditional rates
+
+    @property
+    def num_drafts(self) -> int:
+        return self.spec.num_drafts
+
+    @property
+    def effective_drafts(self) -> int:
+        """Drafts before the first placeholder: the ones that can be accepted."""
+        if self.drafts is None:
+            return self.num_drafts
+        return int(np.argmax(np.append(self.drafts, -1) < 0))
+
+    def target_probs(self) -> np.ndarray:
+        return softmax_rows(self.target_logits, self.spec.temperature)
+
+    def proposal_probs(self) -> np.ndarray:
+        vocab = self.target_logits.shape[1]
+        return pad_vocab(softmax_rows(self.proposal_logits, self.spec.temperature), vocab)
+
+    def sampling_probs(self) -> np.ndarray:
+        """The law drafts are drawn from: the draft rows, at temperature 1 when greedy."""
+        vocab = self.target_logits.shape[1]
+        t = self.spec.temperature or 1.0
+        return pad_vocab(softmax_rows(self.proposal_logits, t), vocab)
+
+
+def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 array holding values exactly representable in ``dtype`` (round to nearest even)."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = x.view(np.uint32)
+        rounded = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return np.where(np.isnan(x), x, rounded.astype(np.uint32).view(np.float32))
+    return x
+
+
+def materialize(s: Scenario) -> list[Template]:
+    """Deterministic logits (and fixed drafts) for every request template."""
+    vocab = s.vocab_size
+    draft_vocab = s.draft_vocab_size or vocab
+    rates = conditional_rates(s)
+    out = []
+    for i, spec in enumerate(s.requests):
+        rng = np.random.default_rng([s.seed, i])
+        d = spec.num_drafts
+        target_rows = 1 if spec.stationary else d + 1
+        target = round_to_dtype(np.stack([family_logits(spec.target, rng, vocab) for _ in range(target_rows)]), s.dtype)
+        target = np.repeat(target, d + 1 if spec.stationary else 1, axis=0)
+        proposal = np.zeros((d, draft_vocab), dtype=np.float32)
+        for j in range(1 if spec.stationary and d else d):
+            proposal[j] = family_logits(spec.draft, rng, draft_vocab, target[j].astype(np.float64))
+        if spec.stationary:
+            proposal[:] = proposal[:1]
+        proposal = round_to_dtype(proposal, s.dtype)
+        method = s.request_method(spec)
+        drafts = None
+        if s.drafts == "fixed":
+            probs = Template(spec, method, target, proposal, None, rates[:d]).sampling_probs()
+            drafts = np.array([rng.choice(vocab, p=row / row.sum()) for row in probs], dtype=np.int64).reshape(d)
+            if spec.draft_ids is not None:
+                drafts = np.array(spec.draft_ids, dtype=np.int64).reshape(d)
+            if spec.placeholder_at is not None:
+                drafts[spec.placeholder_at] = -1
+        target[list(spec.masked_rows)] = -np.inf
+        target[list(spec.nan_rows), 0] = np.nan
+        out.append(Template(spec, method, target, proposal, drafts, rates[:d]))
+    return out
+
+
+@dataclass(frozen=True)
+class Trials:
+    """A batch of trials: request ``t * T + i`` is trial ``t`` of template ``i``."""
+
+    batch: VerifyBatch
+    drafts: np.ndarray  # [count, T, K] draft ids per trial (-1 past each template's count)
+
+
+def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Trials:
+    """``count`` trials of every template, starting at global trial index ``first``."""
+    t_count = len(templates)
+    k = s.max_drafts
+    counts = np.array([t.num_drafts for t in templates], dtype=np.int64)
+    req_index = (first + np.arange(count))[:, None] * t_count + np.arange(t_count)[None, :]  # [count, T]
+    drafts = np.full((count, t_count, k), -1, dtype=np.int64)
+    for i, t in enumerate(templates):
+        d = t.num_drafts
+        if d == 0:
+            continue
+        if t.drafts is not None:
+            drafts[:, i, :d] = t.drafts
+        else:
+            probs = t.sampling_probs()
+            u = uniforms(hash64(s.seed, req_index[:, i])[:, None], np.arange(d)[None, :], Stream.DRAFT)
+            for j in range(d):
+                drafts[:, i, j] = draw_from_row(probs[j], u[:, j])
+    target_block = np.concatenate([t.target_logits for t in templates])
+    target = np.tile(target_block, (count, 1))
+    draft_block = (
+        np.concatenate([t.proposal_logits for t in templates])
+        if counts.sum()
+        else np.zeros((0, s.draft_vocab_size or s.vocab_size), np.float32)
+    )
+    draft_logits = np.tile(draft_block, (count, 1)) if s.draft_probs else None
+    flat_drafts = np.concatenate([drafts[:, i, : t.num_drafts] for i, t in enumerate(templates)], axis=1).reshape(-1)
+    per_req_counts = np.tile(counts, count)
+    cu = np.concatenate([[0], np.cumsum(per_req_counts)])
+    seeds = hash64(s.seed, req_index.reshape(-1), 1)
+    base = hash64(s.seed, req_index.reshape(-1), 2) % POSITION_RANGE if s.positions == "random" else np.zeros(req_index.size, np.int64)
+    local = np.concatenate([np.arange(c + 1) for c in counts])
+    positions = np.repeat(base, per_req_counts + 1) + np.tile(local, count)
+    temps = np.tile(np.array([t.spec.temperature for t in templates], dtype=np.float64), count)
+    methods = np.tile(np.array([t.method for t in templates], dtype=np.int8), count)
+    rates = None
+    if s.synthetic is not None:
+        rates = np.tile(conditional_rates(s)[None, :], (count * t_count, 1))
+    slots = None
+    if s.slots == "permuted":  # a state table twice the batch, requests scattered over it
+        slots = np.argsort(hash64(s.seed, first + np.arange(2 * count * t_count), 3))[: count * t_count]
+    batch = VerifyBatch(
+        target_logits=target,
+        draft_logits=draft_logits,
+        draft_tokens=flat_drafts,
+        cu_num_drafts=cu,
+        temperature=temps,
+        seeds=seeds,
+        positions=positions.astype(np.int64),
+        methods=methods,
+        synthetic_rates=rates,
+        max_drafts=k,
+        request_slots=slots,
+        logits_dtype=s.dtype,
+    )
+    return Trials(batch=batch, drafts=drafts)

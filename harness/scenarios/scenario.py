@@ -1,0 +1,322 @@
+"""Scenarios: serializable descriptions of what to verify, materialized from a seed.
+
+A scenario is pure data (JSON): a method, a vocabulary, request templates (draft count,
+temperature, target and draft distribution families, an optional placeholder) and a seed.
+``materialize`` turns it into float32 logits per template, deterministically; ``trials``
+repeats the templates into a ``VerifyBatch`` of independent trials, each request with its
+own seed and positions. The laws are computed from the same rounded logits the backend
+sees, so rounding cannot masquerade as a bias.
+
+Every field is checked on construction (``ValueError`` naming the field) against the
+limits below, before anything is allocated: a bad file is a usage error, never a
+``MemoryError`` or a run that does not end.
+"""
+
+import json
+import re
+import reprlib
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+
+from reference import synthetic as synth
+from reference.methods import Method
+
+TARGET_FAMILIES = ("peaked", "flat", "heavy-tail", "topk", "tied")
+DRAFT_FAMILIES = TARGET_FAMILIES + ("near-target", "disjoint", "same")
+METHOD_NAMES = ("greedy", "strict", "standard", "block", "synthetic")
+POSITION_RANGE = 1 << 20  # request start positions are spread over this range
+
+# Limits of a scenario (see ``Scenario``).
+# A name is the output file ``scenarios/NAME.json``: no separators, never "." or "..".
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_VOCAB = 1 << 21  # 8x the largest vocabularies engines ship (262,144); ids far inside int32
+MAX_DRAFTS = 32  # drafts per request: more than engines verify per step (a handful to ~10)
+MAX_REQUESTS = 256  # request templates: each adds its own laws and checks, and a request to every trial
+# Target logits of one trial of every template, sum of (d + 1) * V: one float64 copy of
+# the laws' rows (the reference holds a few) then takes 512 MiB, the float32 logits 256 MiB.
+MAX_TRIAL_ELEMENTS = 1 << 26
+MIN_TEMPERATURE = 1e-5  # smallest positive temperature: engines sample greedily below it (vLLM's _SAMPLING_EPS)
+MAX_TEMPERATURE = 1e4  # every family's row is then uniform to 0.4% (logit spans < 40): hotter tests nothing more
+MAX_SEED = (1 << 63) - 1  # seeds are int64 on the device and in the history (SQLite); NumPy's hash fails past 2**64
+MAX_TAGS, MAX_TAG_CHARS = 64, 128
+MAX_SCENARIO_BYTES = 1 << 23  # a scenario file: a valid one is under 1 MiB even indented; parsing more costs ~12x in memory
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    num_drafts: int
+    temperature: float = 1.0
+    target: str = "peaked"
+    draft: str = "near-target"
+    placeholder_at: int | None = None  # draft index replaced by the placeholder -1
+    method: str | None = None  # overrides the scenario's method (mixed batches)
+    draft_ids: tuple[int, ...] | None = None  # explicit fixed drafts (may have target or draft probability 0)
+    nan_rows: tuple[int, ...] = ()  # target rows (0..d) poisoned with a NaN: degenerate
+    masked_rows: tuple[int, ...] = ()  # target rows with every logit -inf: degenerate
+    stationary: bool = False  # one target row and one draft row at every step (a fixed context)
+
+    @property
+    def degenerate(self) -> bool:
+        return bool(self.nan_rows or self.masked_rows)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario; invalid fields raise ``ValueError`` naming the field.
+
+    ``name``: 1 to 128 characters from ``[A-Za-z0-9._-]``, the first a letter or digit
+    (``NAME_PATTERN``): it names the output file ``scenarios/NAME.json``, so it holds no path
+    separator and is never ``.`` or ``..``. Sizes: ``vocab_size`` in [2, ``MAX_VOCAB``], at
+    most ``MAX_REQUESTS`` request templates of at most ``MAX_DRAFTS`` drafts each, one trial's
+    target logits (sum of (d + 1) * V) at most ``MAX_TRIAL_ELEMENTS``; temperatures 0 or in
+    [``MIN_TEMPERATURE``, ``MAX_TEMPERATURE``]; ``seed`` in [0, ``MAX_SEED``]; at most
+    ``MAX_TAGS`` tags of at most ``MAX_TAG_CHARS`` characters.
+    """
+
+    name: str
+    method: str
+    vocab_size: int
+    requests: tuple[RequestSpec, ...]
+    draft_vocab_size: int | None = None
+    draft_probs: bool = True  # the verifier receives draft logits
+    drafts: str = "fixed"  # "fixed": drawn once from the draft rows; "sampled": per trial
+    synthetic: dict | None = None  # {"mean_rate": r} | {"rates": [...]} | {"acceptance_length": L}
+    seed: int = 0
+    tags: tuple[str, ...] = field(default=())
+    dtype: str = "float32"  # logits are rounded to this dtype (laws use the rounded values)
+    slots: str = "identity"  # "permuted": requests sit at scattered slots of a larger state table
+    positions: str = "random"  # "aligned": every trial at positions 0..d, as engines' own tests do
+
+    def __post_init__(self):
+        _validate(self)
+
+    @property
+    def max_drafts(self) -> int:
+        return max(r.num_drafts for r in self.requests)
+
+    @property
+    def verify_method(self) -> Method:
+        return _method(self.method)
+
+    def request_method(self, spec: RequestSpec) -> Method:
+        return _method(spec.method or self.method)
+
+    @property
+    def lossless(self) -> bool:
+        return self.verify_method.lossless
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["requests"] = [{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(r).items()} for r in self.requests]
+        d["tags"] = list(self.tags)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data) -> "Scenario":
+        if not isinstance(data, dict):
+            raise ValueError(f"scenario: expected a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"scenario: unknown field(s) {_brief(sorted(unknown, key=str))}")
+        missing = {"name", "method", "vocab_size", "requests"} - set(data)
+        if missing:
+            raise ValueError(f"scenario: missing field(s) {sorted(missing)}")
+        reqs = data["requests"]
+        if not isinstance(reqs, list) or not 1 <= len(reqs) <= MAX_REQUESTS:  # the count first: nothing built yet
+            got = f"{len(reqs)} of them" if isinstance(reqs, list) else _brief(reqs)
+            raise ValueError(f"scenario.requests: expected a list of 1 to {MAX_REQUESTS} request objects, got {got}")
+        tags = data.get("tags", [])
+        if not isinstance(tags, list):  # a string would become its characters
+            raise ValueError(f"scenario.tags: expected a list of strings, got {_brief(tags)}")
+        specs = []
+        req_fields = {f.name for f in fields(RequestSpec)}
+        for i, r in enumerate(reqs):
+            if not isinstance(r, dict) or set(r) - req_fields or "num_drafts" not in r:
+                raise ValueError(f"scenario.requests[{i}]: expected an object with num_drafts and only {sorted(req_fields)}")
+            for k in ("draft_ids", "nan_rows", "masked_rows"):
+                if k in r and not isinstance(r[k], list) and not (k == "draft_ids" and r[k] is None):
+                    raise ValueError(f"scenario.requests[{i}].{k}: expected a list of integers, got {_brief(r[k])}")
+            tuples = {k: tuple(v) for k, v in r.items() if k in ("draft_ids", "nan_rows", "masked_rows") and isinstance(v, list)}
+            specs.append(RequestSpec(**{**r, **tuples}))
+        return cls(**{**data, "requests": tuple(specs), "tags": tuple(tags)})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Scenario":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"scenario JSON: {e}") from None
+        except RecursionError:
+            raise ValueError("scenario JSON: nested too deeply") from None
+        return cls.from_dict(data)
+
+
+def read_scenario_file(path: str) -> Scenario:
+    """The scenario in a JSON file, refused unparsed past ``MAX_SCENARIO_BYTES`` (a pipe or
+    device included: at most that much is read). ``OSError`` when it cannot be read."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_SCENARIO_BYTES + 1)
+    if len(data) > MAX_SCENARIO_BYTES:
+        raise ValueError(f"scenario file: more than {MAX_SCENARIO_BYTES} bytes, larger than any valid scenario")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"scenario JSON: not UTF-8 ({e.reason} at byte {e.start})") from None
+    return Scenario.from_json(text)
+
+
+def check_seed(value, field: str = "seed") -> int:
+    """``value`` when it is an integer in [0, ``MAX_SEED``], else ``ValueError`` naming ``field``."""
+    if not _is_int(value) or not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{field}: expected an integer in [0, 2**63 - 1], got {_brief(value)}")
+    return value
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 40, 40
+
+
+def _brief(x, limit: int = 60) -> str:
+    """A short ``repr(x)`` (``reprlib``: a few items of a long list, never all): one short line."""
+    text = _REPR.repr(x)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _method(name: str) -> Method:
+    return Method.STANDARD if name == "greedy" else Method.parse(name)
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_int_list(x) -> bool:
+    return isinstance(x, (tuple, list)) and all(_is_int(v) for v in x)
+
+
+def _validate(s: Scenario) -> None:
+    if not isinstance(s.name, str) or not NAME_PATTERN.fullmatch(s.name):
+        raise ValueError(
+            f"scenario.name: expected 1 to 128 of [A-Za-z0-9._-], the first a letter or digit (it names a file), got {_brief(s.name)}"
+        )
+    if s.method not in METHOD_NAMES:
+        raise ValueError(f"scenario.method: {_brief(s.method)} is not one of {METHOD_NAMES}")
+    if not _is_int(s.vocab_size) or not 2 <= s.vocab_size <= MAX_VOCAB:
+        raise ValueError(f"scenario.vocab_size: expected an integer in [2, {MAX_VOCAB}], got {_brief(s.vocab_size)}")
+    if s.draft_vocab_size is not None and not (_is_int(s.draft_vocab_size) and 2 <= s.draft_vocab_size <= s.vocab_size):
+        raise ValueError(f"scenario.draft_vocab_size: expected an integer in [2, vocab_size], got {_brief(s.draft_vocab_size)}")
+    if s.drafts not in ("fixed", "sampled"):
+        raise ValueError(f"scenario.drafts: expected 'fixed' or 'sampled', got {_brief(s.drafts)}")
+    check_seed(s.seed, "scenario.seed")
+    if not isinstance(s.draft_probs, bool):
+        raise ValueError("scenario.draft_probs: expected true or false")
+    if s.dtype not in DTYPES:
+        raise ValueError(f"scenario.dtype: expected one of {DTYPES}, got {_brief(s.dtype)}")
+    if s.slots not in ("identity", "permuted"):
+        raise ValueError(f"scenario.slots: expected 'identity' or 'permuted', got {_brief(s.slots)}")
+    if s.positions not in ("random", "aligned"):
+        raise ValueError(f"scenario.positions: expected 'random' or 'aligned', got {_brief(s.positions)}")
+    tags = s.tags
+    if not isinstance(tags, (tuple, list)) or len(tags) > MAX_TAGS or not all(isinstance(t, str) and len(t) <= MAX_TAG_CHARS for t in tags):
+        raise ValueError(f"scenario.tags: expected at most {MAX_TAGS} strings of at most {MAX_TAG_CHARS} characters, got {_brief(tags)}")
+    if not isinstance(s.requests, (tuple, list)) or not 1 <= len(s.requests) <= MAX_REQUESTS:
+        got = f"{len(s.requests)} of them" if isinstance(s.requests, (tuple, list)) else _brief(s.requests)
+        raise ValueError(f"scenario.requests: expected 1 to {MAX_REQUESTS} request templates, got {got}")
+    for i, r in enumerate(s.requests):
+        where = f"scenario.requests[{i}]"
+        if not isinstance(r, RequestSpec):
+            raise ValueError(f"{where}: expected a RequestSpec, got {type(r).__name__}")
+        if not _is_int(r.num_drafts) or not 0 <= r.num_drafts <= MAX_DRAFTS:  # first: the checks below use it
+            raise ValueError(f"{where}.num_drafts: expected an integer in [0, {MAX_DRAFTS}], got {_brief(r.num_drafts)}")
+        if r.method is not None and r.method not in METHOD_NAMES:  # "" or 0 would fall back to the scenario's
+            raise ValueError(f"{where}.method: {_brief(r.method)} is not one of {METHOD_NAMES}")
+        method = r.method or s.method
+        if method == "synthetic" and s.synthetic is None:
+            raise ValueError(f"{where}.method: synthetic requests need scenario.synthetic parameters")
+        if r.draft_ids is not None:
+            ids = r.draft_ids
+            if s.drafts != "fixed" or not _is_int_list(ids) or len(ids) != r.num_drafts or not all(-1 <= x < s.vocab_size for x in ids):
+                raise ValueError(
+                    f"{where}.draft_ids: expected {r.num_drafts} ids in [-1, {s.vocab_size}) with fixed drafts, got {_brief(ids)}"
+                )
+        for name in ("nan_rows", "masked_rows"):
+            rows = getattr(r, name)
+            if not _is_int_list(rows) or not all(0 <= x <= r.num_drafts for x in rows) or len(set(rows)) != len(rows):
+                raise ValueError(f"{where}.{name}: expected distinct target row indices in [0, {r.num_drafts}], got {_brief(rows)}")
+        t = r.temperature
+        if not _is_number(t) or not (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            raise ValueError(f"{where}.temperature: expected 0 or a number in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {_brief(t)}")
+        if method == "greedy" and t != 0:
+            raise ValueError(f"{where}.temperature: greedy scenarios need temperature 0, got {t!r}")
+        if r.target not in TARGET_FAMILIES:
+            raise ValueError(f"{where}.target: {_brief(r.target)} is not one of {TARGET_FAMILIES}")
+        if r.draft not in DRAFT_FAMILIES:
+            raise ValueError(f"{where}.draft: {_brief(r.draft)} is not one of {DRAFT_FAMILIES}")
+        if not isinstance(r.stationary, bool):
+            raise ValueError(f"{where}.stationary: expected true or false, got {_brief(r.stationary)}")
+        if r.placeholder_at is not None:
+            if not _is_int(r.placeholder_at) or not 0 <= r.placeholder_at < r.num_drafts:
+                raise ValueError(f"{where}.placeholder_at: expected a draft index in [0, {r.num_drafts}), got {_brief(r.placeholder_at)}")
+            if s.drafts != "fixed":
+                raise ValueError(f"{where}.placeholder_at: placeholders need fixed drafts")
+    elements = sum(r.num_drafts + 1 for r in s.requests) * s.vocab_size
+    if elements > MAX_TRIAL_ELEMENTS:
+        raise ValueError(
+            f"scenario.requests: one trial's target logits, sum of (num_drafts + 1) * vocab_size = {elements}, exceed {MAX_TRIAL_ELEMENTS}"
+        )
+    uses_synthetic = any((r.method or s.method) == "synthetic" for r in s.requests)
+    if uses_synthetic != (s.synthetic is not None):
+        raise ValueError("scenario.synthetic: required exactly when a request's method is 'synthetic'")
+    if s.synthetic is not None:
+        keys = set(s.synthetic) if isinstance(s.synthetic, dict) else set()
+        if len(keys) != 1 or not keys <= {"mean_rate", "rates", "acceptance_length"}:
+            raise ValueError("scenario.synthetic: expected one of {'mean_rate': r}, {'rates': [...]}, {'acceptance_length': L}")
+        (key,) = keys
+        value = s.synthetic[key]
+        if not (_is_number(value) if key != "rates" else isinstance(value, (tuple, list)) and all(_is_number(x) for x in value)):
+            raise ValueError(
+                f"scenario.synthetic.{key}: expected {'a list of numbers' if key == 'rates' else 'a number'}, got {_brief(value)}"
+            )
+        if key == "mean_rate" and not 0 <= value <= 1:  # checked here too: no closed form runs without drafts
+            raise ValueError(f"scenario.synthetic.mean_rate: expected a rate in [0, 1], got {value!r}")
+        try:
+            conditional_rates(s)  # raises with the reason when the parameters are invalid
+        except ValueError as e:  # the closed forms name their parameter ("rates: ..."): name it in full
+            raise ValueError(str(e) if str(e).startswith("scenario.") else f"scenario.synthetic.{e}") from None
+
+
+def did_you_mean(name: str, known, prefix: str = "") -> str:
+    """``"; did you mean 'X'?"`` for the closest of ``known`` names (``prefix`` + it), or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""
+
+
+def conditional_rates(s: Scenario) -> np.ndarray:
+    """Synthetic conditional acceptance rates for steps 0..K-1 (zeros when not synthetic)."""
+    k = s.max_drafts
+    if s.synthetic is None:
+        return np.zeros(k)
+    if "mean_rate" in s.synthetic:
+        if k == 0:
+            return np.zeros(0)
+        return synth.conditional_rates_for_mean(float(s.synthetic["mean_rate"]), k)
+    if "rates" in s.synthetic:
+        rates = synth.check_unconditional(s.synthetic["rates"])
+        if rates.size != k:
+            raise ValueError(f"scenario.synthetic.rates: expected {k} rates (max draft count), got {rates.size}")
+        return synth.unconditional_to_conditional(rates)
+    return synth.unconditional_to_conditional(synth.rates_for_acceptance_length(float(s.synthetic["acceptance_length"]), k))

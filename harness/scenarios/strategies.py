@@ -1,0 +1,232 @@
+"""TODO docstring."""
+
+import dataclasses
+
+import numpy as np
+from hypothesis import example
+from hypothesis import strategies as st
+
+from harness.scenarios.materialize import materialize
+from harness.scenarios.scenario import DRAFT_FAMILIES, TARGET_FAMILIES, RequestSpec, Scenario
+from reference.laws import MAX_ENUMERATED_DRAFTS
+from reference.methods import Method
+
+SMALL_VOCABS = (2, 3, 5, 8, 13)
+
+
+BOUNDARY_VOCABS = (1023, 1024, 1025)  # the Triton sampler's 1024-wide CPU tiles; vLLM MRV2's 1024-wide resample blocks
+
+
+VLLM_BLOCK_VOCABS = (8191, 8192, 8193)  # vLLM's 8192-wide vocabulary blocks (V1 recovery, MRV2 argmax / gumbel)
+
+
+GPU_VOCABS = BOUNDARY_VOCABS + VLLM_BLOCK_VOCABS + (152_064, 262_144)
+
+
+# The Triton sampler with 8-wide tiles in 2 or 3 splits: V = 7..25 crosses tile and split
+# edges the way V = 8191..8193 crosses real ones, at the interpreter's small-vocabulary cost.
+
+
+TILE_VOCABS = (7, 8, 9, 15, 16, 17, 23, 24, 25)
+
+
+TEMPERATURES = (1e-4, 0.3, 1.0, 1.7, 10.0)
+
+
+@st.composite
+def request_specs(draw, vocab: int, drafts: str, methods: tuple[str, ...], max_drafts: int, min_drafts: int = 0):
+    d = draw(st.integers(min_drafts, max_drafts))
+    method = draw(st.sampled_from(methods))
+    # Temperature 0 for any method: greedy, and strict / block / synthetic verified greedily.
+    temperature = 0 if method == "greedy" else draw(st.sampled_from((0,) + TEMPERATURES))
+    spec = dict(
+        num_drafts=d,
+        temperature=temperature,
+        target=draw(st.sampled_from(TARGET_FAMILIES)),
+        draft=draw(st.sampled_from(DRAFT_FAMILIES)),
+        method=method,
+    )
+    if drafts == "fixed" and d and draw(st.booleans()):
+        spec["draft_ids"] = tuple(draw(st.lists(st.integers(-1, vocab - 1), min_size=d, max_size=d)))
+    elif drafts == "fixed" and d and draw(st.integers(0, 3)) == 0:
+        spec["placeholder_at"] = draw(st.integers(0, d - 1))
+    if draw(st.integers(0, 7)) == 0:
+        spec["nan_rows" if draw(st.booleans()) else "masked_rows"] = (draw(st.integers(0, d)),)
+    return RequestSpec(**spec)
+
+
+@st.composite
+def scenarios(
+    draw,
+    vocabs=SMALL_VOCABS,
+    methods=("greedy", "standard", "strict", "block", "synthetic"),
+    max_drafts=4,
+    max_requests=3,
+    mates=("greedy", "synthetic"),
+    narrow_draft=True,
+    min_drafts=0,
+):
+    """A whole scenario: one base method; a greedy or standard base may be mixed with
+    ``mates`` requests. ``narrow_draft``: the draft vocabulary may be half the target's.
+    ``min_drafts``: every request has at least this many drafts."""
+    vocab = draw(st.sampled_from(vocabs))
+    base = draw(st.sampled_from(methods))
+    drafts = draw(st.sampled_from(("fixed", "sampled")))
+    if base == "block" and drafts == "sampled":
+        max_drafts = min(max_drafts, 2)  # block's sampled-draft law is enumerated
+        if vocab**max_drafts > MAX_ENUMERATED_DRAFTS:
+            drafts = "fixed"  # too many draft sequences to enumerate: the law check would be skipped
+    allowed = tuple(m for m in (base, *mates) if m in methods) if base in ("standard", "greedy") else (base,)
+    reqs = tuple(draw(st.lists(request_specs(vocab, drafts, allowed, max_drafts, min_drafts), min_size=1, max_size=max_requests)))
+    k = max(r.num_drafts for r in reqs)
+    synthetic = None
+    if any(r.method == "synthetic" for r in reqs):
+        if k and draw(st.booleans()):
+            rates = sorted(draw(st.lists(st.sampled_from((0.0, 0.2, 0.5, 0.9, 1.0)), min_size=k, max_size=k)), reverse=True)
+            synthetic = {"rates": rates}
+        else:
+            synthetic = {"mean_rate": draw(st.sampled_from((0.0, 0.3, 0.6, 1.0)))}
+    draft_vocab = draw(st.sampled_from((None, max(2, vocab // 2)))) if vocab > 2 and narrow_draft else None
+    return Scenario(
+        name="fuzz",
+        method=base,
+        vocab_size=vocab,
+        requests=reqs,
+        draft_vocab_size=draft_vocab,
+        draft_probs=draw(st.booleans()),
+        drafts=drafts,
+        synthetic=synthetic,
+        seed=draw(st.integers(0, 2**31 - 1)),
+        dtype=draw(st.sampled_from(("float32", "bfloat16", "float16"))),
+        slots=draw(st.sampled_from(("identity", "permuted"))),
+    )
+
+
+# --- known regressions, pinned as explicit examples (each named after the bug it guards against)
+R = RequestSpec
+
+
+GHSA_VOCAB_BOUNDARY = Scenario("fuzz", "standard", 1025, (R(2, 1.0, "topk", "disjoint"),), seed=8)  # GHSA-8wr5-jm2h-8r4f
+
+
+ZERO_TARGET_DRAFT = Scenario("fuzz", "standard", 8, (R(2, 1.0, "topk", "disjoint"), R(1, 1.0, "topk", "disjoint")), seed=3)
+
+
+PLACEHOLDER_FIRST = Scenario("fuzz", "block", 6, (R(3, 1.0, placeholder_at=0),), seed=1)  # vLLM #46533 / #50939
+
+
+NAN_ROW = Scenario(
+    "fuzz", "standard", 20, (R(2, 1.0, nan_rows=(0,)), R(1, 0, masked_rows=(1,), method="greedy")), seed=2
+)  # #21876 / #53029
+
+
+# Found by this fuzzer: block verification's running ratio 0 * inf (a draft of target
+# probability 0, then one of draft probability 0) gave NaN; it must stay 0. The zeros are
+# float64 underflow at T = 1e-4: samplers taking ratios in log space disagree, see
+# ``undefined_ratio``.
+BLOCK_ZERO_TIMES_INF = Scenario("fuzz", "block", 2, (R(3, 1e-4, "peaked", "peaked", draft_ids=(1, 0, 0)),), seed=0)
+
+
+MIXED = Scenario(
+    "fuzz",
+    "standard",
+    5,
+    (R(2, 0, method="greedy"), R(3, 1e-4), R(2, 1.0, method="synthetic")),
+    synthetic={"rates": [0.9, 0.5, 0.2]},
+    slots="permuted",
+    dtype="bfloat16",
+    seed=5,
+)
+
+
+def pin(pinned, **others):
+    """``@example(scenario=s, **others)`` for every scenario in ``pinned``: the test's explicit
+    examples are exactly this tuple, so ``len(pinned)`` is what they add to the budget's family."""
+
+    def apply(test):
+        for s in reversed(pinned):
+            test = example(scenario=s, **others)(test)
+        return test
+
+    return apply
+
+
+def _fixed_draft_probabilities(scenario: Scenario):
+    """(method, p(x_k), q(x_k)) over the drafts of every template where a fixed draft's
+    acceptance ratio p / q decides (standard and block, T > 0, not degenerate)."""
+    if not scenario.draft_probs or scenario.drafts != "fixed":
+        return
+    for t in materialize(scenario):
+        d = t.effective_drafts
+        if d == 0 or t.spec.temperature == 0 or t.spec.degenerate or t.method not in (Method.STANDARD, Method.BLOCK):
+            continue
+        steps = np.arange(d)
+        yield t.method, t.target_probs()[steps, t.drafts[:d]], t.proposal_probs()[steps, t.drafts[:d]]
+
+
+def undefined_ratio(scenario: Scenario) -> bool:
+    """Whether a fixed draft meets an acceptance ratio the reference's float64 probabilities
+    leave undefined: a draft whose visible draft probability is 0 while its target
+    probability is 0 too (0/0), or, in block verification, an earlier draft's is (0 * inf).
+    Exact zeros (-inf logits) and underflow (T = 1e-4) alike: the reference rejects, while
+    samplers that take ratios in log space see a finite ratio (or a NaN) there. The
+    disagreements found are pinned in ``suites/test_fuzz_backends.py``."""
+    for method, p, q in _fixed_draft_probabilities(scenario):
+        p_zero = p == 0
+        if method is Method.BLOCK:
+            p_zero = np.cumsum(p_zero) > 0  # the running ratio is 0 from the first one on
+        if np.any(p_zero & (q == 0)):
+            return True
+    return False
+
+
+def draft_probability_vanishes(scenario: Scenario) -> bool:
+    """Whether a fixed standard draft has a draft probability that is 0 in float32 (below its
+    smallest normal: a top-k exact zero, or underflow at T = 1e-4) while the target gives it
+    probability > 0. The law accepts it (min(1, p / q) = 1); vLLM V1 accepts only where its
+    float32 draft_prob > 0 (pinned in ``suites/test_fuzz_backends.py``). Sampled drafts never
+    meet this: the draft model gave them probability > 0."""
+    return any(
+        method is Method.STANDARD and np.any((p > 0) & (q < np.finfo(np.float32).tiny))
+        for method, p, q in _fixed_draft_probabilities(scenario)
+    )
+
+
+def placeholder_with_draft_probabilities(scenario: Scenario) -> bool:
+    """Whether a sampling (T > 0) standard request has a placeholder draft (-1) while the
+    scenario carries draft probabilities. The law emits from the target there; vLLM V1 emits
+    from max(p - q, 0) of the placeholder's draft row (pinned in ``suites/test_vllm.py``:
+    ``test_v1_placeholder_emits_from_target``)."""
+    return scenario.draft_probs and any(
+        spec.placeholder_at is not None and spec.temperature > 0 and scenario.request_method(spec) is Method.STANDARD
+        for spec in scenario.requests
+    )
+
+
+def without_mates(batch, keep):
+    """The requests ``keep`` (in that order) of ``batch``, with nothing else: same seeds,
+    positions, slots and logits."""
+    counts = batch.num_drafts
+    row_start = batch.cu_num_drafts[:-1] + np.arange(batch.num_requests)
+    rows = np.concatenate([np.arange(row_start[r], row_start[r] + counts[r] + 1) for r in keep])
+    drafts = np.concatenate([np.arange(batch.cu_num_drafts[r], batch.cu_num_drafts[r + 1]) for r in keep]).astype(np.int64)
+    return dataclasses.replace(
+        batch,
+        target_logits=batch.target_logits[rows],
+        draft_logits=None if batch.draft_logits is None else batch.draft_logits[drafts],
+        draft_tokens=batch.draft_tokens[drafts],
+        cu_num_drafts=np.concatenate([[0], np.cumsum(counts[keep])]).astype(np.int64),
+        temperature=batch.temperature[keep],
+        seeds=batch.seeds[keep],
+        positions=batch.positions[rows],
+        methods=batch.methods[keep],
+        synthetic_rates=None if batch.synthetic_rates is None else batch.synthetic_rates[keep],
+        request_slots=None if batch.request_slots is None else batch.request_slots[keep],
+    ).validate()
+
+
+# The same advisory at vLLM's 8192-wide blocks: a fully masked target row and a NaN one,
+# whose last block holds one valid id: the output must stay in the vocabulary.
+GHSA_8192_BLOCK = Scenario(
+    "fuzz", "standard", 8193, (R(1, 1.0, "flat", "flat", masked_rows=(0,)), R(2, 0, method="greedy", nan_rows=(1,))), seed=9
+)

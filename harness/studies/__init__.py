@@ -1,0 +1,1 @@
+"""Studies of the suite itself: calibration, the fault-detection matrix, peers' statistics, fuzz replay."""
