@@ -1,5 +1,5 @@
 """Residual candidates on and off (``benchmarks/RESULTS.md#residual-candidates``): graph time of the
-default (fused) Triton call with ``triton_sampler._CANDIDATES`` set to each variant in one process.
+default (fused) Triton call with ``Tunables.candidates`` set to each variant in one process.
 
 On a GPU machine: ``AB_VARIANTS=0,8 AB_SHAPES='256,1,131072;1,8,152064' python benchmarks/ab_candidates.py``
 (writes ``$OUT/ab.json`` or ``./ab.json``). Per shape and variant: ``do_bench`` medians (us) of the call
@@ -8,6 +8,7 @@ staged path's; the share of requests that rejected; the share whose tokens equal
 whether the emitted counts equal it.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ import torch  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from benchmarks import bench_kernels as bk  # noqa: E402
-from harness.backends.triton import sampler as ts  # noqa: E402
+from harness.backends.triton.tunables import DEFAULT_TUNABLES  # noqa: E402
 
 SHAPES = "256,1,131072;256,1,152064;256,4,131072;1024,1,131072;64,8,131072;64,1,131072;1,8,152064;1,1,131072"
 
@@ -36,13 +37,13 @@ def main() -> int:
         tokens = {}
         for rep in range(reps):
             for c in variants:
-                ts._CANDIDATES = c
-                call = bk.triton_call(x, b, k, v)
+                tunables = dataclasses.replace(DEFAULT_TUNABLES, candidates=c)
+                call = bk.triton_call(x, b, k, v, tunables=tunables)
                 row.setdefault(f"c{c}", []).append(do_bench(bk.graphed(call), warmup=25, rep=200) * 1000)
                 if rep == 0:
                     tokens[c] = [t.clone() for t in call()]
                     if c:
-                        staged = bk.triton_call(x, b, k, v, path="staged")()
+                        staged = bk.triton_call(x, b, k, v, path="staged", tunables=tunables)()
                         row[f"c{c}_fused_eq_staged"] = all(torch.equal(a, s) for a, s in zip(tokens[c], staged))
         first = tokens[variants[0]]
         row["rejected_frac"] = float((first[1] <= k).float().mean())

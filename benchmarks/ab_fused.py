@@ -6,22 +6,24 @@ On a GPU machine, with an earlier version of the fused module saved beside the c
     git show d2d33dd:harness/backends/triton/fused.py > /tmp/fused_old.py
     for v in old new mrv2 old new mrv2; do AB_OLD=/tmp/fused_old.py python benchmarks/ab_fused.py $v; done
 
-``old``: ``AB_OLD``'s ``verify_fused`` (it imports the sampler's helpers from this checkout);
+``old``: ``AB_OLD``'s ``verify_fused`` (it imports the sampler's helpers from this checkout, so it must be
+a ``fused.py`` of this package layout, ``harness/backends/triton/fused.py`` since the split of
+``sampler.py``; ``backend.verify`` calls it with ``tunables=``);
 ``new``: this checkout's; ``mrv2``: vLLM MRV2 ``rejection_sample``. Per shape (``AB_SHAPES``
 "B,K,V;..."): ``bench_kernels.time_ms`` medians of the call captured in a CUDA graph (``AB_REPS`` each;
 L2 flush ``AB_FLUSH``, default ``write`` as ``do_bench``),
 for the Triton variants whether the fused tokens equal the staged path's, and their tokens
 saved (``$OUT/ab_tokens_VARIANT.pt``) to compare variants. Writes ``$OUT/ab_VARIANT.json``.
 
-Variants of ``new`` without a second file: ``AB_SET="_STATS_PROGRAMS=4096,..."`` sets the fused
-path's launch constants first (``bench_kernels.set_constants``); ``AB_CUT=n`` launches only the
+Variants of ``new`` without a second file: ``AB_SET="STATS_PROGRAMS=4096,..."`` times the fused
+path with those ``Tunables`` (``bench_kernels.tunables_from``); ``AB_CUT=n`` launches only the
 call's first n kernels (1: the statistics kernel; ``benchmarks/RESULTS.md#kernel-time-by-stage``:
 outputs not valid, so not compared, but the time of what was launched); ``AB_NAME`` names the files and rows instead of
 the variant. For example, in turns::
 
     for i in 1 2; do
       AB_NAME=base python benchmarks/ab_fused.py new
-      AB_NAME=s4096 AB_SET=_STATS_PROGRAMS=4096 python benchmarks/ab_fused.py new
+      AB_NAME=s4096 AB_SET=STATS_PROGRAMS=4096 python benchmarks/ab_fused.py new
     done
 """
 
@@ -37,6 +39,7 @@ import torch  # noqa: E402
 
 from benchmarks import bench_kernels as bk  # noqa: E402
 from harness.backends.triton import fused as triton_fused  # noqa: E402
+from harness.backends.triton.tunables import DEFAULT_TUNABLES  # noqa: E402
 
 SHAPES = "1,8,152064;1,4,152064;1,1,152064;1,8,131072;1,4,131072;1,1,131072;64,1,131072;256,1,131072;256,1,152064;1024,8,152064"
 
@@ -66,6 +69,7 @@ def main() -> int:
         print("usage: ab_fused.py old|new|mrv2 (old needs AB_OLD=path of a triton_fused.py)", file=sys.stderr)
         return 2
     setting, cut = os.environ.get("AB_SET", ""), os.environ.get("AB_CUT", "0")
+    tunables = DEFAULT_TUNABLES
     try:
         if not cut.isdigit():
             raise ValueError(f"AB_CUT: expected a kernel count >= 0, got {cut!r}")
@@ -73,7 +77,7 @@ def main() -> int:
         if variant != "new" and (setting or cut):
             raise ValueError(f"AB_SET and AB_CUT change this checkout's sampler: variant new only, not {variant}")
         if variant == "new":
-            bk.set_constants(setting)
+            tunables = bk.tunables_from(setting)
             cut_after(cut)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -93,7 +97,7 @@ def main() -> int:
         b, k, v = (int(n) for n in shape.split(","))
         x = bk.inputs(b, k, v)
         row = {"B": b, "K": k, "V": v}
-        call = bk.mrv2_call(x, b, k, v) if variant == "mrv2" else bk.triton_call(x, b, k, v)
+        call = bk.mrv2_call(x, b, k, v) if variant == "mrv2" else bk.triton_call(x, b, k, v, tunables=tunables)
         if variant != "mrv2" and not cut:
             tokens[shape] = [t.cpu() for t in call()]
             staged = bk.triton_call(x, b, k, v, path="staged")()

@@ -18,12 +18,14 @@ CUDA graph and replayed (as engines run a decoding step: inputs already in the g
 static buffers, no host launch work). The graph column is the pipeline's device time.
 
 ``triton`` is the path ``verify`` picks by default (``path="auto"``, ``takes_fused_path``: on
-CUDA the fused path up to ``FUSED_MAX_LOGITS_CUDA`` requests x V); ``triton-fused`` and
-``triton-staged`` force one path at every batch size, for comparison.
+CUDA the fused path up to ``Tunables.fused_max_logits_cuda`` requests x V); ``triton-fused`` and
+``triton-staged`` force one path at every batch size, for comparison. ``--set`` times every triton
+call with a variant of the sampler's ``Tunables`` (``parse_tunables``).
 """
 
 import argparse
 import cProfile
+import dataclasses
 import functools
 import json
 import os
@@ -36,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from harness.backends.triton.tunables import DEFAULT_TUNABLES, Tunables  # noqa: E402
 from harness.evidence.environment import describe  # noqa: E402
 
 BATCHES = (1, 64, 256, 1024)
@@ -112,52 +115,56 @@ def inputs(b, k, v, seed=0):
     }
 
 
-# The fused path's launch constants: how its work is spread over programs, and the statistics
-# kernel's register cap (how many of its programs an SM holds). None changes the tokens (each
-# one's docstring or comment in harness/backends/triton/fused.py says why), so one GPU can be
-# tuned apart from another by timing alone.
+# The fused path's launch constants (fields of harness/backends/triton/tunables.py's ``Tunables``):
+# how its work is spread over programs, and the statistics kernel's register cap (how many of its
+# programs an SM holds). None changes the tokens (each one's comment in tunables.py says why), so
+# one GPU can be tuned apart from another by timing alone.
 TUNABLE = (
-    "_STATS_PROGRAMS",
-    "_STATS_MAX_SPLITS",
-    "_MASS_PROGRAMS",
-    "_MASS_MAX_TILES",
-    "_PICK_IN_MASS_MAX_BLOCKS",
-    "_STATS_MAX_REGISTERS",
-    "_STATS_EVICT_FIRST_MIN_DRAFTS",
-    "_STATS_EVICT_FIRST_MAX_DRAFTS",
+    "stats_programs",
+    "stats_max_splits",
+    "mass_programs",
+    "mass_max_tiles",
+    "pick_in_mass_max_blocks",
+    "stats_max_registers",
+    "stats_evict_first_min_drafts",
+    "stats_evict_first_max_drafts",
 )
 # Allowed values, where not [1, inf): 0 picks in a kernel of its own at every batch size; register
 # caps from 32 (a sanity bound: the statistics kernel already spills at 40) to 255 (ptxas's most);
 # 0 as the most draft rows loaded evict_first: never.
-_RANGES = {"_PICK_IN_MASS_MAX_BLOCKS": (0, None), "_STATS_MAX_REGISTERS": (32, 255), "_STATS_EVICT_FIRST_MAX_DRAFTS": (0, None)}
+_RANGES = {"pick_in_mass_max_blocks": (0, None), "stats_max_registers": (32, 255), "stats_evict_first_max_drafts": (0, None)}
 
 
-def set_constants(spec: str) -> dict:
-    """Set ``TUNABLE`` constants from "NAME=N,NAME=N" (names with or without the leading
-    underscore) before the first call; returns what was set. Raises ValueError on a name
-    not in ``TUNABLE`` or a value that is not an integer in its range (``_RANGES``, else
-    >= 1), before setting any."""
-    from harness.backends.triton import fused as triton_fused
-
+def parse_tunables(spec: str) -> dict:
+    """The ``TUNABLE`` fields that "NAME=N,NAME=N" sets, as {field: N}: the variant is
+    ``dataclasses.replace(DEFAULT_TUNABLES, **parse_tunables(spec))`` (``tunables_from``). A NAME is
+    the field's name in either case, with or without a leading underscore (``STATS_PROGRAMS``,
+    ``_STATS_PROGRAMS`` and ``stats_programs`` are one field, as the module constants were named).
+    Raises ValueError on a name not in ``TUNABLE`` or a value that is not an integer in its range
+    (``_RANGES``, else >= 1)."""
     wanted = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, sep, value = item.partition("=")
-        name = "_" + name.strip().lstrip("_")
+        name = name.strip().lstrip("_").lower()
         if not sep or name not in TUNABLE:
-            raise ValueError(f"set_constants: {item!r} is not NAME=N with NAME one of {', '.join(TUNABLE)}")
+            raise ValueError(f"parse_tunables: {item!r} is not NAME=N with NAME one of {', '.join(TUNABLE)}")
         least, most = _RANGES.get(name, (1, None))
         if not value.strip().isdigit() or int(value) < least or (most is not None and int(value) > most):
             bounds = f">= {least}" if most is None else f"in [{least}, {most}]"
-            raise ValueError(f"set_constants: {item!r}: the value must be an integer {bounds}")
+            raise ValueError(f"parse_tunables: {item!r}: the value must be an integer {bounds}")
         wanted[name] = int(value)
-    for name, value in wanted.items():
-        setattr(triton_fused, name, value)
     return wanted
 
 
-def triton_call(x, b, k, v, path="auto", tiles=None):
-    """``tiles`` ("BLOCK_VxT"): BLOCK_V-wide tiles, T tiles per vocabulary split (default: ``_tiles``)."""
-    from harness.backends.triton.sampler import verify
+def tunables_from(spec: str) -> Tunables:
+    """``DEFAULT_TUNABLES`` with the fields ``spec`` sets (``parse_tunables``)."""
+    return dataclasses.replace(DEFAULT_TUNABLES, **parse_tunables(spec))
+
+
+def triton_call(x, b, k, v, path="auto", tiles=None, tunables=DEFAULT_TUNABLES):
+    """``tiles`` ("BLOCK_VxT"): BLOCK_V-wide tiles, T tiles per vocabulary split (default:
+    ``common.tile_plan``); ``tunables``: the sampler's ``Tunables``."""
+    from harness.backends.triton.backend import verify
 
     block_v, splits = None, None
     if tiles:
@@ -189,6 +196,7 @@ def triton_call(x, b, k, v, path="auto", tiles=None):
             path=path,
             block_v=block_v,
             splits=splits,
+            tunables=tunables,
         )
 
     return call
@@ -253,7 +261,7 @@ def graphed(call):
 
 
 def main() -> int:
-    from harness.backends.triton.sampler import takes_fused_path
+    from harness.backends.triton.backend import takes_fused_path
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write the results here")
@@ -269,9 +277,10 @@ def main() -> int:
     ap.add_argument("--set", default="", help=f"the fused path's launch constants, NAME=N,... (one of {', '.join(TUNABLE)})")
     args = ap.parse_args()
     try:
-        constants = set_constants(args.set)
+        constants = parse_tunables(args.set)
     except ValueError as e:
         ap.error(str(e))
+    tunables = dataclasses.replace(DEFAULT_TUNABLES, **constants)
     ints = lambda text, default: tuple(int(n) for n in text.split(",")) if text else default  # noqa: E731
     names = args.backends.split(",")
     names += [f"{n}@{t}" for t in (args.tiles.split(",") if args.tiles else ()) for n in names if n.startswith("triton")]
@@ -279,8 +288,8 @@ def main() -> int:
         print("error: no CUDA device", file=sys.stderr)
         return 2
     bandwidth = copy_bandwidth(flush=args.flush)
-    makers = {"triton": triton_call, "vllm-mrv2": mrv2_call}
-    makers |= {f"triton-{path}": functools.partial(triton_call, path=path) for path in ("fused", "staged")}
+    makers = {"triton": functools.partial(triton_call, tunables=tunables), "vllm-mrv2": mrv2_call}
+    makers |= {f"triton-{path}": functools.partial(triton_call, path=path, tunables=tunables) for path in ("fused", "staged")}
     rows = []
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     for v in ints(args.vocabs, VOCABS):
@@ -293,7 +302,7 @@ def main() -> int:
                     "K": k,
                     "V": v,
                     "bytes": nbytes,
-                    "triton_path": "fused" if takes_fused_path("auto", b, cuda=True, vocab=v) else "staged",
+                    "triton_path": "fused" if takes_fused_path("auto", b, cuda=True, vocab=v, tunables=tunables) else "staged",
                 }
                 timed = {}  # name -> (call, what do_bench runs); the call keeps a graph's buffers alive
                 for name in names:

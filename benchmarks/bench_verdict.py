@@ -112,6 +112,14 @@ def scenario(vocab: int, k: int, rows: str) -> Scenario:
     return Scenario(name=f"verdict-V{vocab}-K{k}-{rows}", method="standard", vocab_size=vocab, requests=(spec,))
 
 
+def _failed(outcome, profile) -> bool:
+    """One check read alone: an exact check's deviation, a statistical one's p-value at the
+    profile's per-check alpha (a run holds them to Holm over all its checks instead)."""
+    if outcome.kind.statistical:
+        return outcome.p_value is not None and outcome.p_value <= profile.alpha
+    return bool(outcome.deviated)
+
+
 def measure(backend, s: Scenario, profile, synchronized: bool = False) -> dict:
     """One verification of ``s``, as a run executes it. ``synchronized``: the device
     synchronized around each backend call, whose seconds are added up (``calls_s``)."""
@@ -127,8 +135,8 @@ def measure(backend, s: Scenario, profile, synchronized: bool = False) -> dict:
     return {
         "trials": count,
         "checks": len(checks),
-        "passed": all(v.passed is not False for v in verdicts),
-        "failed": [c.name for c, v in zip(checks, verdicts) if v.passed is False],
+        "passed": not any(_failed(v, profile) for v in verdicts),
+        "failed": [c.name for c, v in zip(checks, verdicts) if _failed(v, profile)],
         "plan_s": t1 - t0,
         "sample_s": t2 - t1,
         "verdict_s": t3 - t2,
@@ -138,7 +146,7 @@ def measure(backend, s: Scenario, profile, synchronized: bool = False) -> dict:
 
 def backend_alone(backend, s: Scenario, templates, count: int, profile) -> float:
     """Seconds of the backend's calls alone on the batches a run gives it: every batch of
-    the scenario built first (``runner.device_trials``), then the calls back to back, the
+    the scenario built first (``sample.device_trials``), then the calls back to back, the
     device synchronized before the first and after the last."""
     built, chunk = device_trials(backend, s, templates, count, profile)
     batches = [built.chunk(first, min(chunk, count - first))[0] for first in range(0, count, chunk)]

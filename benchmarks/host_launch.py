@@ -25,9 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from bench_kernels import inputs, mrv2_call, triton_call  # noqa: E402
 
-from harness.backends.triton import fused as triton_fused
-from harness.backends.triton import launch as triton_launch
-from harness.backends.triton import sampler as triton_sampler  # noqa: E402
+from harness.backends.triton import fused as triton_fused  # noqa: E402
+from harness.backends.triton import launch as triton_launch  # noqa: E402
+from harness.backends.triton import staged as triton_staged  # noqa: E402
+from harness.backends.triton import staged_jobs as triton_staged_jobs  # noqa: E402
 from harness.evidence.environment import describe  # noqa: E402
 
 SHAPES = "1,4,131072;64,4,131072;256,1,152064"
@@ -50,12 +51,12 @@ def timed(call, mode: str) -> float:
     direct, launch = triton_launch._direct_possible, triton_launch.launch
     triton_launch._direct_possible = (lambda: False) if mode == "normal" else (lambda: True)
     if mode == "nolaunch":
-        triton_sampler.launch = triton_fused.launch = lambda *args, **options: None
+        triton_staged.launch = triton_staged_jobs.launch = triton_fused.launch = lambda *args, **options: None
     try:
         return host_us(call)
     finally:
         triton_launch._direct_possible = direct
-        triton_sampler.launch = triton_fused.launch = launch
+        triton_staged.launch = triton_staged_jobs.launch = triton_fused.launch = launch
 
 
 def main() -> int:

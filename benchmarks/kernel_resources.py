@@ -3,7 +3,7 @@ on a machine without a GPU: what a kernel change does to occupancy, before any d
 
     python benchmarks/kernel_resources.py --shapes '256,1,131072;1,8,152064'
 
-The launches are planned as ``suites/test_triton_layouts.py`` plans them (the fused path's
+The launches are planned by ``harness.backends.triton.compile_info`` (the fused path's
 tiles, grids and arguments for a batch of B requests of K drafts at vocabulary V, every method
 present) and compiled with the installed Triton's bundled ptxas; ``cuobjdump`` reads the cubin.
 The GPU machines run Triton 3.6: put its wheel, unpacked, first on ``PYTHONPATH`` for their
@@ -27,7 +27,7 @@ sys.path.insert(0, ROOT)
 
 import triton  # noqa: E402
 
-from suites.test_triton_layouts import compile_sm90, cuda_launches  # noqa: E402
+from harness.backends.triton.compile_info import compile_sm90, cuda_launches  # noqa: E402
 
 
 def resources(compiled) -> dict:

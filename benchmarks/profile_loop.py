@@ -1,6 +1,6 @@
 """Where a run's sampling loop spends its time outside the backend's calls
 (``benchmarks/RESULTS.md#sampling-loop-overhead``): every
-phase of ``runner.sample_scenario`` timed per scenario, the device synchronized around each.
+phase of ``sample.sample_scenario`` timed per scenario, the device synchronized around each.
 
 Wraps the loop's steps in place (no copy of the loop): the probe batch and ``supports``,
 ``DeviceTrials`` (construction, ``prepare``, ``chunk``), the backend's ``sample`` and
@@ -15,8 +15,8 @@ tally's copy to the host) against the backend alone on the same batches (``backe
 every batch of the scenario built first, then the backend's calls back to back, the device
 synchronized before the first and after the last), each scenario's fastest of ``--repeat``
 passes. overhead = 1 - backend_alone / loop. ``stream``: the whole catalog as a run samples
-it (``runner.sample_stream``: scenarios queued while the oldest one's counts are not back,
-up to ``runner.STREAM_AHEAD`` ahead; materializing the templates included; ``--compare-ahead
+it (``streaming.sample_stream``: scenarios queued while the oldest one's counts are not back,
+up to ``streaming.STREAM_AHEAD`` ahead; materializing the templates included; ``--compare-ahead
 N``: N ahead as well), the fastest of ``--repeat`` passes, against the same backend-alone total.
 ``--isolated N``: the steady-state time per catalog pass through one worker process, as a
 run with isolation samples (streaming, and one scenario at a time; N passes after a
@@ -43,8 +43,11 @@ configure_triton()  # before any backend module defines a @triton.jit kernel
 
 
 from benchmarks.bench_verdict import LoopParts, backend_alone  # noqa: E402
+from harness.backends import loading  # noqa: E402
 from harness.evidence.environment import describe  # noqa: E402
-from harness.run import runner  # noqa: E402
+from harness.run import plans  # noqa: E402
+from harness.sampling import sample  # noqa: E402
+from harness.sampling import stream as streaming  # noqa: E402
 from harness.sampling.device.tally import DeviceTally  # noqa: E402
 from harness.sampling.device.trials import DeviceTrials  # noqa: E402
 from harness.scenarios.catalog import catalog  # noqa: E402
@@ -53,8 +56,8 @@ from harness.scenarios.profiles import get_profile  # noqa: E402
 
 def phases(backend) -> LoopParts:
     """``bench_verdict.LoopParts`` split finer: each step of the loop, the backend's calls too."""
-    steps = {"probe batch": (runner, ("trials",)), "backend.sample": (backend, ("sample",))}
-    steps |= {"materialize": (runner, ("materialize",)), "wait for counts": (runner.Started, ("tallies",))}
+    steps = {"probe batch": (sample, ("trials",)), "backend.sample": (backend, ("sample",))}
+    steps |= {"materialize": (sample, ("materialize",)), "wait for counts": (sample.Started, ("tallies",))}
     if hasattr(backend, "supports"):
         steps["backend.supports"] = (backend, ("supports",))
     for cls, names in ((DeviceTrials, ("__init__", "prepare", "chunk")), (DeviceTally, ("__init__", "add", "start_finish"))):
@@ -67,23 +70,23 @@ def one_pass(backend, planned, profile):
     for s, templates, count in planned:
         t0 = time.perf_counter()
         try:
-            runner.sample_scenario(backend, s, templates, count, profile)
+            sample.sample_scenario(backend, s, templates, count, profile)
             status = "sampled"
-        except runner.Unsupported:
+        except sample.Unsupported:
             status = "unsupported"
         per_scenario.append({"scenario": s.name, "trials": count, "status": status, "seconds": time.perf_counter() - t0})
     return per_scenario
 
 
-def stream_pass(backend, planned, profile, ahead: int = runner.STREAM_AHEAD) -> float:
-    """Wall seconds of the catalog sampled as a run samples it (``runner.sample_stream``:
+def stream_pass(backend, planned, profile, ahead: int = streaming.STREAM_AHEAD) -> float:
+    """Wall seconds of the catalog sampled as a run samples it (``streaming.sample_stream``:
     each scenario materialized, prepared and queued while up to ``ahead`` earlier ones'
     counts are not back), the device synchronized before and after."""
     import torch
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in runner.sample_stream(backend, ((s, count) for s, _, count in planned), profile, ahead=ahead):
+    for _ in streaming.sample_stream(backend, ((s, count) for s, _, count in planned), profile, ahead=ahead):
         pass
     torch.cuda.synchronize()
     return time.perf_counter() - t0
@@ -149,7 +152,7 @@ def turns_pass(name: str, planned, profile, passes: int, alone: dict) -> dict:
     import tempfile
     import threading
 
-    from harness.sampling.worker import TURN_SECONDS
+    from harness.sampling.turns import TURN_SECONDS
 
     folder, done = tempfile.mkdtemp(prefix="profile-loop-turns-"), ([], [])
     threads = [
@@ -242,11 +245,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5, help="passes of the loop and of the backend alone (the fastest counts)")
     args = ap.parse_args()
     profile = get_profile(args.profile)
-    backend = runner.load_for_device(args.backend, "cuda")
+    backend = loading.load_for_device(args.backend, "cuda")
     planned = []
     scenarios = [s for s in catalog(profile) if not args.scenario or s.name in args.scenario]
-    for i in runner.sampling_order(scenarios):  # as a run samples them
-        templates, _, count = runner.planned_trials(scenarios[i], profile)
+    for i in plans.sampling_order(scenarios):  # as a run samples them
+        templates, _, count = plans.planned_trials(scenarios[i], profile)
         planned.append((scenarios[i], templates, count))
     one_pass(backend, planned, profile)  # compiles, module loading
     # As a run executes it (nothing added), and the backend alone: each scenario's fastest of
@@ -261,7 +264,7 @@ def main() -> int:
         alones.append({s.name: backend_alone(backend, s, t, n, profile) for s, t, n in planned if s.name in sampled})
     loop = [min(rows, key=lambda r: r["seconds"]) for rows in zip(*loops)]
     alone = {name: min(a[name] for a in alones) for name in sampled}
-    timed = runner.TimedBackend(backend)
+    timed = sample.TimedBackend(backend)
     plain = one_pass(timed, planned, profile)
     with phases(backend) as timed_phases:
         per_scenario = one_pass(backend, planned, profile)
@@ -280,7 +283,7 @@ def main() -> int:
         "sampled": len(sampled),
         "overhead": {"loop_s": loop_s, "backend_alone_s": sum(alone.values()), "overhead": 1 - sum(alone.values()) / loop_s},
         "stream": {
-            "ahead": runner.STREAM_AHEAD,
+            "ahead": streaming.STREAM_AHEAD,
             "wall_s": min(streams),
             "passes_s": streams,
             "overhead": 1 - sum(alone.values()) / min(streams),

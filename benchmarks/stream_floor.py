@@ -269,20 +269,19 @@ def _times(replay, reps):
 
 
 def _sampler(x, b, k, v, cut: int, setting: str):
-    """The fused path (``cut`` 1: its statistics kernel alone), constants from ``setting``."""
+    """The fused path (``cut`` 1: its statistics kernel alone), ``Tunables`` from ``setting``."""
     from benchmarks import ab_fused
     from benchmarks import bench_kernels as bk
     from harness.backends.triton import fused as triton_fused
 
-    saved = {name: getattr(triton_fused, name) for name in (*bk.TUNABLE, "launch_each")}
-    bk.set_constants(setting)
+    launch_each = triton_fused.launch_each  # ``cut_after`` replaces it
+    tunables = bk.tunables_from(setting)
     ab_fused.cut_after(cut)
-    call = bk.triton_call(x, b, k, v, path="fused")
+    call = bk.triton_call(x, b, k, v, path="fused", tunables=tunables)
     try:
         return bk.graphed(call), call
     finally:
-        for name, value in saved.items():
-            setattr(triton_fused, name, value)
+        triton_fused.launch_each = launch_each
 
 
 def _floor_variants(x, b, k, v, stages, sm):

@@ -417,14 +417,14 @@ def _scenarios(args) -> int:
 
 
 def _power(args) -> int:
-    from harness.checking import stats
+    from harness.checking import power
 
     if args.tv is not None:
-        n = stats.trials_for_tv(args.alpha, args.power, args.tv, args.df)
+        n = power.trials_for_tv(args.alpha, args.power, args.tv, args.df)
         print(f"{n} trials detect every alternative with TV >= {args.tv} (alpha={args.alpha:g}, power={args.power}, df={args.df})")
     else:
         if args.trials <= 0:
             raise UsageError("--trials: expected a positive integer")
-        tv = stats.detectable_tv(args.alpha, args.power, args.df, args.trials)
+        tv = power.detectable_tv(args.alpha, args.power, args.df, args.trials)
         print(f"{args.trials} trials detect TV >= {tv:.6g} (alpha={args.alpha:g}, power={args.power}, df={args.df})")
     return 0

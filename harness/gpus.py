@@ -60,7 +60,7 @@ def share_gpu_memory() -> None:
     """Cap this process's share of its GPU's memory when others use it at once: past the cap
     torch's caching allocator returns its cached blocks and retries instead of keeping them
     from the other workers. Each call's budget is divided as well
-    (``runner.device_chunk_elements``)."""
+    (``harness.sampling.sample.device_chunk_elements``)."""
     if gpu_sharers() > 1 and cuda_available():
         import torch
 

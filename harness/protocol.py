@@ -63,13 +63,98 @@ from reference.methods import Method
 
 @runtime_checkable
 class Backend(Protocol):
+    """An implementation under test: a named sampler of ``VerifyBatch`` outputs.
+
+    Only ``name`` and ``sample`` are part of this runtime-checkable protocol
+    (``isinstance(obj, Backend)`` checks for both); the optional members the runner reads
+    with ``getattr`` (``supports``, ``devices``, ``device_batches``) are described in the
+    module docstring.
+
+    Attributes
+    ----------
+    name : str
+        The backend's name, as the runner and its reports show it.
+    """
+
     name: str
 
-    def sample(self, batch: "VerifyBatch"): ...
+    def sample(self, batch: "VerifyBatch"):
+        """Verify every request of ``batch`` and return the tokens each one emitted.
+
+        NumPy arrays, torch or CuPy tensors are accepted as returns; a float, bool or string
+        array is malformed output (see ``check_integer_outputs``).
+
+        Parameters
+        ----------
+        batch : VerifyBatch
+            The requests to verify, NumPy arrays in the layout of the module docstring; for a
+            backend with ``device_batches = True``, a device batch (the same fields as torch
+            tensors on its device).
+
+        Returns
+        -------
+        tokens : integer array or tensor, shape (num_requests, max_drafts + 1)
+            Request ``r`` emitted ``tokens[r, :num_emitted[r]]``: its accepted drafts, then one
+            replacement or bonus token. Slots past ``num_emitted[r]`` are never read.
+        num_emitted : integer array or tensor, shape (num_requests,)
+            Tokens emitted by each request; well-formed values lie in ``1 .. e_r + 1``, where
+            ``e_r`` counts request ``r``'s drafts before its first placeholder (``-1``).
+        """
+        ...
 
 
 @dataclass(frozen=True)
 class VerifyBatch:
+    """One call's worth of requests to verify, in the layout engines use.
+
+    ``B`` requests, request ``r`` with ``d_r`` drafts, ``D = sum d_r`` drafts in all, target
+    vocabulary ``V``. The fields are NumPy arrays for a host batch; a device batch (see the
+    module docstring) holds the same fields as torch tensors on the backend's device.
+    ``validate`` checks the layout below.
+
+    Attributes
+    ----------
+    target_logits : ndarray of float, shape (D + B, V)
+        Target logits before temperature, values exact in ``logits_dtype`` (the harness's
+        host batches store them as float32, its device batches in ``logits_dtype``). Rows
+        ``cu_num_drafts[r] + r`` to ``cu_num_drafts[r + 1] + r`` (inclusive, ``d_r + 1``
+        rows) belong to request ``r``: its row ``j < d_r`` verifies draft ``j``, its last
+        row is the bonus row. ``-inf`` masks a token; ``+inf`` is not allowed.
+    draft_logits : ndarray of float, shape (D, V_draft), or None
+        Draft logits before temperature, one row per draft, ``1 <= V_draft <= V`` (ids
+        ``>= V_draft`` have draft probability 0). None verifies with no draft probabilities
+        (point-mass proposal).
+    draft_tokens : ndarray of int64, shape (D,)
+        Draft ids in ``[0, V)``, request after request (request ``r``'s are
+        ``cu_num_drafts[r]`` to ``cu_num_drafts[r + 1] - 1``); ``-1`` is a placeholder that is
+        never accepted.
+    cu_num_drafts : ndarray of int64, shape (B + 1,)
+        Cumulative draft counts: ``0, d_0, d_0 + d_1, ...``, non-decreasing.
+    temperature : ndarray of float64, shape (B,)
+        Per-request temperature, finite and ``>= 0``; 0 is greedy verification.
+    seeds : ndarray of int64, shape (B,)
+        Per-request seed; with ``positions`` it keys all of the request's noise.
+    positions : ndarray of int64, shape (D + B,)
+        Absolute token position of every target row.
+    methods : ndarray of int8, shape (B,)
+        Per-request ``reference.methods.Method`` code.
+    synthetic_rates : ndarray of float64, shape (B, max_drafts), or None
+        Conditional acceptance rates in ``[0, 1]`` of synthetic requests (rows of other
+        requests are not read). Required when any request is ``Method.SYNTHETIC``.
+    max_drafts : int
+        ``K``: at least the widest request's draft count; outputs have ``K + 1`` columns.
+    request_slots : ndarray of int64, shape (B,), or None
+        Distinct non-negative state-table slots of the requests (engines index per-request
+        state by slot: vLLM's ``idx_mapping``). None means slot ``r`` for request ``r``.
+        Samplers may ignore it.
+    logits_dtype : str
+        ``"float32"``, ``"bfloat16"`` or ``"float16"``: the logits hold values exact in that
+        dtype, so casting them to it loses nothing.
+    method_codes : tuple of int, or None
+        The distinct codes ``methods`` holds, when the batch's builder knows them on the
+        host (a device batch): reading them costs no device sync. None: read ``methods``.
+    """
+
     target_logits: np.ndarray
     draft_logits: np.ndarray | None
     draft_tokens: np.ndarray
@@ -86,18 +171,57 @@ class VerifyBatch:
 
     @property
     def num_requests(self) -> int:
+        """The number of requests.
+
+        Returns
+        -------
+        int
+            ``B = len(cu_num_drafts) - 1``.
+        """
         return len(self.cu_num_drafts) - 1
 
     @property
     def vocab_size(self) -> int:
+        """The target vocabulary size.
+
+        Returns
+        -------
+        int
+            ``V = target_logits.shape[1]``.
+        """
         return self.target_logits.shape[1]
 
     @property
     def num_drafts(self) -> np.ndarray:
+        """Each request's draft count.
+
+        Returns
+        -------
+        ndarray of int, shape (num_requests,)
+            ``d_r = cu_num_drafts[r + 1] - cu_num_drafts[r]``.
+        """
         return np.diff(self.cu_num_drafts)
 
     def validate(self) -> "VerifyBatch":
-        """Raise ``ValueError`` naming the first malformed field."""
+        """Check the layout of a host batch, naming the first malformed field.
+
+        Checks every field's shape against ``cu_num_drafts``, integer dtypes of
+        ``draft_tokens`` and ``positions``, no ``+inf`` target logit and no NaN or ``+inf``
+        draft logit, draft ids in ``[0, V)`` or ``-1``, temperatures finite and ``>= 0``,
+        known method codes (and ``method_codes`` their distinct set), ``max_drafts`` at
+        least the widest request, distinct non-negative ``request_slots``, a known
+        ``logits_dtype``, and rates in ``[0, 1]`` for synthetic requests.
+
+        Returns
+        -------
+        VerifyBatch
+            ``self``, so that a batch can be built and checked in one expression.
+
+        Raises
+        ------
+        ValueError
+            If a field is malformed; the message starts with the field's name.
+        """
         cu = self.cu_num_drafts
         if cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or np.any(np.diff(cu) < 0):
             raise ValueError("cu_num_drafts: expected a non-decreasing 1-D array starting at 0")
@@ -150,7 +274,21 @@ class VerifyBatch:
         return self
 
     def to_torch(self, device: str = "cpu") -> dict:
-        """The fields as torch tensors on ``device`` (None stays None)."""
+        """The fields as torch tensors on ``device`` (None stays None).
+
+        Parameters
+        ----------
+        device : str, default "cpu"
+            Torch device the tensors are moved to, e.g. ``"cuda"``.
+
+        Returns
+        -------
+        dict
+            Field name to value: every array field as a torch tensor of the same dtype on
+            ``device`` (NumPy arrays are made contiguous and converted; tensors of a device
+            batch are moved), every other field (``max_drafts``, ``logits_dtype``,
+            ``method_codes``, a None array field) unchanged.
+        """
         import torch
 
         out = {}
@@ -164,13 +302,36 @@ class VerifyBatch:
 
 def host(x) -> np.ndarray:
     """A small field (methods, seeds, rates) as a NumPy array, whether the batch holds arrays
-    or device tensors (a device batch, see ``harness.sampling.device.trials``)."""
+    or device tensors (a device batch, see ``harness.sampling.device.trials``).
+
+    Parameters
+    ----------
+    x : ndarray, torch.Tensor or array_like
+        The field's value; anything with a ``cpu()`` method is copied to the host.
+
+    Returns
+    -------
+    ndarray
+        The values, with their dtype kept; for a device tensor this is a device sync.
+    """
     return x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x)
 
 
 def method_codes(batch: VerifyBatch) -> np.ndarray:
     """The distinct method codes of a batch, sorted: ``batch.method_codes`` when its builder
-    gave them, else read from ``methods`` (for a device batch, a device sync)."""
+    gave them, else read from ``methods`` (for a device batch, a device sync).
+
+    Parameters
+    ----------
+    batch : VerifyBatch
+        A host or device batch.
+
+    Returns
+    -------
+    ndarray, shape (num_codes,)
+        The distinct ``reference.methods.Method`` codes, ascending (int8 when taken from
+        ``method_codes``, else ``methods``' dtype).
+    """
     if batch.method_codes is not None:
         return np.unique(np.asarray(batch.method_codes, dtype=np.int8))
     return np.unique(host(batch.methods))
@@ -178,7 +339,32 @@ def method_codes(batch: VerifyBatch) -> np.ndarray:
 
 def checked_outputs(result, num_requests: int, max_drafts: int):
     """``(tokens, num_emitted)`` of a backend's return value (arrays or tensors, left where
-    they are), raising ``ValueError`` naming what is malformed."""
+    they are), raising ``ValueError`` naming what is malformed.
+
+    Only the structure is checked: a 2-tuple and the two shapes. Dtypes and values are not
+    (see ``check_integer_outputs``).
+
+    Parameters
+    ----------
+    result : object
+        What ``Backend.sample`` returned.
+    num_requests : int
+        ``B``, the batch's number of requests.
+    max_drafts : int
+        ``K``, the batch's ``max_drafts``.
+
+    Returns
+    -------
+    tokens : array_like, shape (num_requests, max_drafts + 1)
+        The first element of ``result``, unchanged (a NumPy array, torch or CuPy tensor).
+    num_emitted : array_like, shape (num_requests,)
+        The second element of ``result``, unchanged.
+
+    Raises
+    ------
+    ValueError
+        If ``result`` is not a 2-tuple or either element has the wrong shape.
+    """
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ValueError("backend output: expected a (tokens, num_emitted) tuple")
     tokens, emitted = result
@@ -192,7 +378,12 @@ def checked_outputs(result, num_requests: int, max_drafts: int):
 
 
 class MalformedOutputs(ValueError):
-    """A backend returned outputs of the right shapes that are not token ids (``reason``)."""
+    """A backend returned outputs of the right shapes that are not token ids (``reason``).
+
+    Raised by ``check_integer_outputs`` (and so ``as_numpy_outputs``) with the reason as its
+    message; a ``ValueError``, so callers that catch shape errors catch it too. The runner
+    then counts every trial it was sampling for those templates as a structure failure.
+    """
 
 
 # Integer dtypes whose every value converts to int64 unchanged (uint64 only where its values fit).
@@ -201,7 +392,29 @@ _TORCH_INTEGERS = ("torch.int8", "torch.int16", "torch.int32", "torch.int64", "t
 
 def check_integer_outputs(tokens, emitted) -> None:
     """Raise ``MalformedOutputs`` naming the array unless both are integer arrays whose
-    values fit int64: a float id truncated to an integer would otherwise pass."""
+    values fit int64: a float id truncated to an integer would otherwise pass.
+
+    Parameters
+    ----------
+    tokens : ndarray or torch.Tensor
+        The backend's tokens (any shape: shapes are ``checked_outputs``' concern). A NumPy
+        array must have a signed or unsigned integer dtype, uint64 only where its values fit
+        int64; a torch tensor one of int8, int16, int32, int64, uint8, uint16 or uint32.
+        Other array types (CuPy) are held to the NumPy rule through their ``dtype``.
+    emitted : ndarray or torch.Tensor
+        The backend's ``num_emitted``, held to the same rule.
+
+    Returns
+    -------
+    None
+        Returns normally when both are well-formed.
+
+    Raises
+    ------
+    MalformedOutputs
+        If either has no ``dtype`` and ``shape`` (a list, a scalar), a dtype that is not an
+        integer one, or a uint64 value above the int64 maximum.
+    """
     for name, x in (("tokens", tokens), ("num_emitted", emitted)):
         dtype = getattr(x, "dtype", None)
         if dtype is None or not hasattr(x, "shape"):
@@ -219,7 +432,36 @@ def check_integer_outputs(tokens, emitted) -> None:
 
 def as_numpy_outputs(result, num_requests: int, max_drafts: int) -> tuple[np.ndarray, np.ndarray]:
     """A backend's return value as host int64 arrays, naming what is malformed
-    (``ValueError`` for shapes, ``MalformedOutputs`` for values that are not integers)."""
+    (``ValueError`` for shapes, ``MalformedOutputs`` for values that are not integers).
+
+    Anything with a ``cpu()`` method (a torch tensor) is copied to the host first; a non-array element (a list) is converted with
+    ``np.asarray`` after its shape is checked, and then fails the dtype check unless it is
+    integer.
+
+    Parameters
+    ----------
+    result : object
+        What ``Backend.sample`` returned: a ``(tokens, num_emitted)`` tuple.
+    num_requests : int
+        ``B``, the batch's number of requests.
+    max_drafts : int
+        ``K``, the batch's ``max_drafts``.
+
+    Returns
+    -------
+    tokens : ndarray of int64, shape (num_requests, max_drafts + 1)
+        The emitted tokens (slots past ``num_emitted`` as the backend left them).
+    num_emitted : ndarray of int64, shape (num_requests,)
+        Tokens emitted per request.
+
+    Raises
+    ------
+    ValueError
+        If ``result`` is not a 2-tuple or an element has the wrong shape (``checked_outputs``).
+    MalformedOutputs
+        If an element is not an integer array whose values fit int64
+        (``check_integer_outputs``).
+    """
     tokens, emitted = (x.cpu() if hasattr(x, "cpu") else x for x in checked_outputs(result, num_requests, max_drafts))
     tokens, emitted = (x if hasattr(x, "dtype") else np.asarray(x) for x in (tokens, emitted))
     check_integer_outputs(tokens, emitted)

@@ -20,4 +20,14 @@ Conventions every method shares (the suite holds engines to these):
   token from its only row).
 * An empty residual (rounding, or a synthetic rejection where target == draft) falls back
   to the target row.
+
+The package defines no names of its own; its public API is in its modules:
+
+* ``reference.methods``: ``Method``, the verification methods and their codes in a batch.
+* ``reference.distributions``: logits to float64 probabilities under these conventions.
+* ``reference.rules``: the verification rules, shared by the sampler and the laws.
+* ``reference.laws``: the exact output laws of every method.
+* ``reference.sampler``: ``ReferenceSampler``, the vectorized float64 reference sampler.
+* ``reference.rng``: counter-based float64 uniforms keyed by (seed, position, stream).
+* ``reference.synthetic``: closed forms of the lossy synthetic mode.
 """

@@ -77,7 +77,44 @@ def _step_rejection(method, target_row, draft_row, x):
 
 
 def fixed_draft_law(method, target, draft, drafts, rates=None) -> np.ndarray:
-    """``P(n accepted, token y)`` as a ``[d+1, V]`` array, for fixed draft ids."""
+    """``P(n accepted, token y)`` as a ``[d+1, V]`` array, for fixed draft ids.
+
+    A placeholder (-1) ends the drafts at its step: the row it sat on acts as the bonus row,
+    and later rows of the law are 0.
+
+    Parameters
+    ----------
+    method : Method or int
+        The verification method (a ``reference.methods.Method`` or its integer code).
+    target : array_like of float, shape (d + 1, V)
+        Target probabilities after temperature: rows ``0 .. d - 1`` verify the drafts, row
+        ``d`` is the bonus row. Each row finite, non-negative and summing to 1.
+    draft : array_like of float, shape (d, V), or None
+        Draft probabilities after temperature, one row per draft, as the verifier sees
+        them; None verifies with no draft probabilities (point mass). ``Method.STRICT``
+        never reads them.
+    drafts : array_like of int, shape (d,)
+        The draft ids, each in ``[0, V)`` or the placeholder -1.
+    rates : array_like of float, shape (d,), or None, default None
+        Synthetic *conditional* acceptance rates in ``[0, 1]``, one per step; required for
+        ``Method.SYNTHETIC``, not read by the other methods.
+
+    Returns
+    -------
+    ndarray of float64, shape (d + 1, V)
+        ``law[n, y]``: the probability that ``n`` drafts are accepted and token ``y`` is
+        emitted after them (a rejection's replacement, or the bonus when ``n`` equals the
+        drafts before the first placeholder). Sums to 1.
+
+    Raises
+    ------
+    ValueError
+        If ``method`` is no ``Method`` code; ``target`` is not 2-D probability rows;
+        ``draft`` is not probability rows of shape ``(d, V)``; or, for ``Method.SYNTHETIC``,
+        ``rates`` is missing, not of shape ``(d,)`` or outside ``[0, 1]``.
+    ValueError
+        If ``drafts`` is not of shape ``(d,)`` or holds an id outside ``[0, V)`` other than -1.
+    """
     method, target, draft, rates = _check(method, target, draft, rates)
     d, vocab = target.shape[0] - 1, target.shape[1]
     drafts, d_eff = _check_drafts(drafts, d, vocab)
@@ -145,6 +182,38 @@ def position_laws(method, target, proposal, draft_visible=True, rates=None) -> n
     ``[j, 0, y]`` = P(draft y drawn and accepted), ``[j, 1, y]`` = P(rejected, token y
     emitted). Step ``d`` is the bonus: ``[d, 1] = target[d]``. ``draft_visible=False``
     verifies with no draft probabilities although drafts come from ``proposal``.
+
+    Parameters
+    ----------
+    method : Method or int
+        The verification method (a ``reference.methods.Method`` or its integer code), not
+        ``Method.BLOCK``.
+    target : array_like of float, shape (d + 1, V)
+        Target probabilities after temperature: rows ``0 .. d - 1`` verify the drafts, row
+        ``d`` is the bonus row. Each row finite, non-negative and summing to 1.
+    proposal : array_like of float, shape (d, V)
+        The law each step's draft is drawn from, independently per step, after temperature.
+    draft_visible : bool, default True
+        Whether the verifier sees ``proposal`` as its draft probabilities (``Method.STRICT``
+        never reads them); False verifies with no draft probabilities (point mass).
+    rates : array_like of float, shape (d,), or None, default None
+        Synthetic *conditional* acceptance rates in ``[0, 1]``, one per step; required for
+        ``Method.SYNTHETIC``, not read by the other methods.
+
+    Returns
+    -------
+    ndarray of float64, shape (d + 1, 2, V)
+        The per-step laws above; ``[d, 0]`` is 0. Each step ``j < d`` sums to 1 over its
+        ``[j, :, :]``.
+
+    Raises
+    ------
+    ValueError
+        If ``method`` is ``Method.BLOCK`` (its acceptance is not per step).
+    ValueError
+        If ``method`` is no ``Method`` code; ``target`` is not 2-D probability rows;
+        ``proposal`` is not probability rows of shape ``(d, V)``; or, for ``Method.SYNTHETIC``,
+        ``rates`` is missing, not of shape ``(d,)`` or outside ``[0, 1]``.
     """
     method, target, proposal, rates = _check(method, target, proposal, rates)
     if method is Method.BLOCK:
@@ -171,7 +240,44 @@ def position_laws(method, target, proposal, draft_visible=True, rates=None) -> n
 
 
 def sampled_draft_law(method, target, proposal, draft_visible=True, rates=None) -> np.ndarray:
-    """``P(n accepted, token y)`` ``[d+1, V]`` when drafts are drawn from ``proposal``."""
+    """``P(n accepted, token y)`` ``[d+1, V]`` when drafts are drawn from ``proposal``.
+
+    Chain methods chain ``position_laws``; block verification mixes the fixed-draft block
+    law of every draft sequence in the proposal's support, weighted by its probability (at
+    most ``MAX_ENUMERATED_DRAFTS`` sequences).
+
+    Parameters
+    ----------
+    method : Method or int
+        The verification method (a ``reference.methods.Method`` or its integer code).
+    target : array_like of float, shape (d + 1, V)
+        Target probabilities after temperature: rows ``0 .. d - 1`` verify the drafts, row
+        ``d`` is the bonus row. Each row finite, non-negative and summing to 1.
+    proposal : array_like of float, shape (d, V)
+        The law each step's draft is drawn from, independently per step, after temperature.
+    draft_visible : bool, default True
+        Whether the verifier sees ``proposal`` as its draft probabilities (``Method.STRICT``
+        never reads them); False verifies with no draft probabilities (point mass).
+    rates : array_like of float, shape (d,), or None, default None
+        Synthetic *conditional* acceptance rates in ``[0, 1]``, one per step; required for
+        ``Method.SYNTHETIC``, not read by the other methods.
+
+    Returns
+    -------
+    ndarray of float64, shape (d + 1, V)
+        ``law[n, y]``: the probability that ``n`` drafts are accepted and token ``y`` is
+        emitted after them (row ``d``: all accepted, then the bonus). Sums to 1.
+
+    Raises
+    ------
+    ValueError
+        If ``method`` is no ``Method`` code; ``target`` is not 2-D probability rows;
+        ``proposal`` is not probability rows of shape ``(d, V)``; or, for ``Method.SYNTHETIC``,
+        ``rates`` is missing, not of shape ``(d,)`` or outside ``[0, 1]``.
+    ValueError
+        For ``Method.BLOCK``, if the proposal's support holds more than
+        ``MAX_ENUMERATED_DRAFTS`` draft sequences.
+    """
     method, target, proposal, rates = _check(method, target, proposal, rates)
     d = target.shape[0] - 1
     if method is Method.BLOCK:
@@ -189,7 +295,19 @@ def sampled_draft_law(method, target, proposal, draft_visible=True, rates=None) 
 
 
 def acceptance_length_law(outcome_law: np.ndarray) -> np.ndarray:
-    """``P(n accepted)`` for ``n = 0..d`` from an outcome law."""
+    """``P(n accepted)`` for ``n = 0..d`` from an outcome law.
+
+    Parameters
+    ----------
+    outcome_law : array_like of float, shape (d + 1, V)
+        ``P(n accepted, token y)``, as ``fixed_draft_law`` or ``sampled_draft_law`` give it
+        (leading axes, if any, are kept).
+
+    Returns
+    -------
+    ndarray, shape (d + 1,)
+        The law summed over the emitted token ``y`` (the last axis).
+    """
     return np.asarray(outcome_law).sum(axis=-1)
 
 
@@ -199,6 +317,38 @@ def completed_sequence_law(method, target, proposal, draft_visible=True, rates=N
     ``[V] * (d+1)`` array, by enumeration of the drafts (small cases). For a lossless
     method this equals the product of the target rows: every emitted token is
     target-distributed given its prefix.
+
+    Parameters
+    ----------
+    method : Method or int
+        The verification method (a ``reference.methods.Method`` or its integer code).
+    target : array_like of float, shape (d + 1, V)
+        Target probabilities after temperature: rows ``0 .. d - 1`` verify the drafts, row
+        ``d`` is the bonus row. Each row finite, non-negative and summing to 1.
+    proposal : array_like of float, shape (d, V)
+        The law each step's draft is drawn from, independently per step, after temperature.
+    draft_visible : bool, default True
+        Whether the verifier sees ``proposal`` as its draft probabilities (``Method.STRICT``
+        never reads them); False verifies with no draft probabilities (point mass).
+    rates : array_like of float, shape (d,), or None, default None
+        Synthetic *conditional* acceptance rates in ``[0, 1]``, one per step; required for
+        ``Method.SYNTHETIC``, not read by the other methods.
+
+    Returns
+    -------
+    ndarray of float64, shape (V,) * (d + 1)
+        ``joint[y_0, ..., y_d]``: the probability that a request emits ``y_0 .. y_n`` (``n``
+        accepted drafts, then its replacement or bonus token) and that independent draws
+        from target rows ``n + 1 .. d`` give ``y_{n+1} .. y_d``, summed over ``n``. Sums to 1.
+
+    Raises
+    ------
+    ValueError
+        If ``method`` is no ``Method`` code; ``target`` is not 2-D probability rows;
+        ``proposal`` is not probability rows of shape ``(d, V)``; or, for ``Method.SYNTHETIC``,
+        ``rates`` is missing, not of shape ``(d,)`` or outside ``[0, 1]``.
+    ValueError
+        If the proposal's support holds more than ``MAX_ENUMERATED_DRAFTS`` draft sequences.
     """
     method, target, proposal, rates = _check(method, target, proposal, rates)
     d, vocab = target.shape[0] - 1, target.shape[1]

@@ -40,14 +40,14 @@ SKIP_IN_WHEELHOUSE = {"vllm", "gguf"}
 NEEDS_GLIBC_2_31 = {"llguidance"}
 PROBE = """
 import json, sys
-from harness.backends import vllm_env
+from harness.backends.vllm import env as vllm_env
 vllm_env.prepare()
 vllm_env._stub_compiled_modules()  # as on a CUDA machine, where they are stand-ins
 from harness.backends.vllm.mrv2 import VllmMrv2Backend
 from harness.backends.vllm.v1 import VllmV1Backend
 from harness.scenarios.catalog import catalog, find
 from harness.scenarios.profiles import get_profile
-from harness.scenarios.scenario import materialize, trials
+from harness.scenarios.materialize import materialize, trials
 scenarios = catalog(get_profile("smoke"))
 for backend in (VllmMrv2Backend(), VllmV1Backend()):  # run-time imports too
     for name in ("standard-near-target", "block-fixed", "synthetic-mean-rate", "strict-fixed"):

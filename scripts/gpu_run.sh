@@ -4,7 +4,7 @@
 # image lacks, plotly, from `pip download --no-deps --only-binary=:all: --python-version 3.12
 # -d vendor/suite-wheels plotly==7.1.0`).
 # Usage: OUT=/some/dir [STEPS="verdict runs runbench pytest kernels"] [VERDICT_ARGS="--backend triton"]
-#        [PYTEST_ARGS="suites/test_triton.py -m gpu"] [KERNEL_ARGS="--backends triton,vllm-mrv2"] bash scripts/gpu_run.sh
+#        [PYTEST_ARGS="suites/test_triton_gpu.py -m gpu"] [KERNEL_ARGS="--backends triton,vllm-mrv2"] bash scripts/gpu_run.sh
 #   -> $OUT/gpu_results.tgz (logs, JSON, reports)
 set -u
 OUT=${OUT:-reports/gpu}

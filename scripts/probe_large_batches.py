@@ -14,7 +14,7 @@ from harness.gpus import configure_triton
 
 configure_triton()
 
-from harness.backends.triton.sampler import verify  # noqa: E402
+from harness.backends.triton.backend import verify  # noqa: E402
 from reference.methods import Method  # noqa: E402
 
 

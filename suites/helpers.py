@@ -23,3 +23,276 @@ def python_only_tree(dest):
     meta.mkdir()
     (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
     return dest
+
+
+# --- the suite's Triton sampler (suites/test_triton_*.py, test_benchmark_tools.py) ---------------------
+# Torch, Triton and the sampler are imported inside the helpers: importing this module needs neither.
+TRITON_BACKEND = "harness.backends.triton.backend:TritonBackend"
+TRITON_FUSED = "harness.backends.triton.backend:FusedTritonBackend"
+BOTH_PATHS = ("staged", "fused")  # both paths, where a test's batches would take one only by default (auto)
+TRITON_ALPHA = 1e-6  # false-alarm rate of each statistical test of the Triton sampler
+TRITON_POWER = 0.99
+
+
+def sample_triton(batch, device="cpu", **options):
+    """``TritonBackend(device, **options)``'s outputs for ``batch`` as NumPy arrays."""
+    from harness.backends.triton.backend import TritonBackend
+    from harness.protocol import as_numpy_outputs
+
+    backend = TritonBackend(device, **options)
+    return as_numpy_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts)
+
+
+def assert_same_outputs(got, want, batch):
+    """Fail naming the first request whose tokens or emitted count differ."""
+    import numpy as np
+    import pytest
+
+    from reference.methods import Method
+
+    (tok, em), (rtok, rem) = got, want
+    bad = np.flatnonzero((tok != rtok).any(axis=1) | (em != rem))
+    if bad.size:
+        r = int(bad[0])
+        lo, hi = batch.cu_num_drafts[r], batch.cu_num_drafts[r + 1]
+        pytest.fail(
+            f"{bad.size} of {batch.num_requests} requests differ; first r={r} method={Method(batch.methods[r]).name} "
+            f"T={batch.temperature[r]} drafts={batch.draft_tokens[lo:hi].tolist()}: got {tok[r].tolist()} / {em[r]}, "
+            f"want {rtok[r].tolist()} / {rem[r]}"
+        )
+
+
+def build_batch(requests, vocab, draft_vocab=None, with_draft=True):
+    """A VerifyBatch from per-request dicts: target [d+1, V], drafts [d], draft [d, Vd],
+    temperature, seed, position, method, rates [d]."""
+    import numpy as np
+
+    from harness.protocol import VerifyBatch
+
+    k = max((len(q["drafts"]) for q in requests), default=0)
+    dv = draft_vocab or vocab
+    counts = np.array([len(q["drafts"]) for q in requests], dtype=np.int64)
+    rates = np.zeros((len(requests), k))
+    for i, q in enumerate(requests):
+        rates[i, : counts[i]] = q.get("rates", np.zeros(counts[i]))
+    positions = np.concatenate([q["position"] + np.arange(c + 1) for q, c in zip(requests, counts)])
+    return VerifyBatch(
+        target_logits=np.concatenate([q["target"] for q in requests]).astype(np.float32),
+        draft_logits=np.concatenate([q["draft"] for q in requests]).reshape(-1, dv).astype(np.float32) if with_draft else None,
+        draft_tokens=np.concatenate([q["drafts"] for q in requests]).astype(np.int64),
+        cu_num_drafts=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        temperature=np.array([q["temperature"] for q in requests], dtype=np.float64),
+        seeds=np.array([q["seed"] for q in requests], dtype=np.int64),
+        positions=positions.astype(np.int64),
+        methods=np.array([q["method"] for q in requests], dtype=np.int8),
+        synthetic_rates=rates,
+        max_drafts=k,
+    ).validate()
+
+
+def greedy_requests(rng, vocab, n, methods, draft_vocab=None, max_drafts=5):
+    """Temperature-0 requests with ties, NaN rows, fully and partly masked rows, placeholders,
+    and drafts that are the target's argmax often enough to be accepted."""
+    import numpy as np
+
+    from reference.distributions import greedy_tokens
+
+    out = []
+    for i in range(n):
+        d = int(rng.integers(0, max_drafts + 1))
+        target = rng.normal(0.0, 2.0, (d + 1, vocab)).astype(np.float32)
+        for row in target:
+            kind = rng.random()
+            if kind < 0.3 and vocab > 1:  # ties with the max, lowest id must win
+                row[rng.choice(vocab, size=min(3, vocab), replace=False)] = row.max() + 1.0
+            elif kind < 0.4:
+                row[rng.integers(vocab)] = np.nan
+            elif kind < 0.45:
+                row[:] = -np.inf
+            elif kind < 0.6:
+                row[rng.random(vocab) < 0.5] = -np.inf
+        top = greedy_tokens(target)
+        drafts = np.where(rng.random(d) < 0.75, top[:d], rng.integers(0, vocab, d))
+        if d and rng.random() < 0.15:
+            drafts[rng.integers(d)] = -1
+        method = methods[i % len(methods)]
+        out.append(
+            dict(
+                target=target, drafts=drafts, draft=rng.normal(0.0, 2.0, (d, draft_vocab or vocab)),
+                temperature=0.0, seed=int(rng.integers(1 << 62)), position=int(rng.integers(1 << 40)),
+                method=method, rates=rng.integers(0, 2, d).astype(np.float64),
+            )
+        )  # fmt: skip
+    return out
+
+
+def mixed_requests(rng, vocab, n):
+    """n requests of every method, up to 4 drafts, draft rows near the target, T in {0, 0.7, 1}."""
+    from reference.methods import Method
+
+    methods = [Method.STANDARD, Method.STRICT, Method.BLOCK, Method.SYNTHETIC]
+    out = []
+    for i in range(n):
+        d = int(rng.integers(0, 5))
+        target = rng.normal(0.0, 1.0, (d + 1, vocab))
+        draft = target[:d] + rng.normal(0.0, 0.5, (d, vocab))
+        drafts = rng.integers(0, vocab, d)
+        out.append(
+            dict(
+                target=target, draft=draft, drafts=drafts, temperature=float(rng.choice([0.0, 0.7, 1.0])),
+                seed=int(rng.integers(1 << 62)), position=int(rng.integers(1 << 40)), method=methods[i % 4],
+                rates=rng.random(d),
+            )
+        )  # fmt: skip
+    return out
+
+
+def any_requests(rng, vocab, n, draft_vocab, max_drafts):
+    """Every method at temperatures 0, 1e-4, 0.5, 1 and 2, with what ``greedy_requests`` plants
+    (ties, NaN and masked rows, placeholders), draft rows near the target or not, some fully
+    masked, and random synthetic rates."""
+    import numpy as np
+
+    from reference.methods import Method
+
+    out = greedy_requests(rng, vocab, n, (Method.STANDARD, Method.STRICT, Method.BLOCK, Method.SYNTHETIC), draft_vocab, max_drafts)
+    for q in out:
+        d = len(q["drafts"])
+        q["temperature"] = float(rng.choice([0.0, 1e-4, 0.5, 1.0, 2.0]))
+        if rng.random() < 0.5:
+            q["draft"] = q["target"][:d, :draft_vocab] + rng.normal(0.0, 0.5, (d, draft_vocab))
+        q["draft"] = np.nan_to_num(q["draft"], nan=0.0, posinf=0.0, neginf=-np.inf)  # draft logits are never NaN
+        if d and rng.random() < 0.2:
+            q["draft"][rng.integers(d)] = -np.inf
+        q["rates"] = rng.random(d)
+    return out
+
+
+def device_mixed_batch(vocab, b, k, seed, device="cuda", chain_only=False, equal_counts=False):
+    """Ragged mixed batch built on the device (``equal_counts``: k drafts each): every method
+    (``chain_only``: standard and synthetic only), temperatures 0 / 0.5 / 1, masked and
+    near-target bf16 draft rows, drafts mostly the target's argmax, a placeholder, rates."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from reference.methods import Method
+
+    g = torch.Generator(device).manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, k + 1, b)
+    counts[: min(b, 2)] = [k, 0][: min(b, 2)]
+    if equal_counts:
+        counts[:] = k
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)])).to(device)
+    d = int(counts.sum())
+    target = torch.randn(d + b, vocab, device=device, generator=g) * 3
+    target[::5, vocab // 3 :] = -math.inf
+    rows = torch.from_numpy(np.arange(d) + np.repeat(np.arange(b), counts)).to(device)
+    draft = (target[rows] + torch.randn(d, vocab, device=device, generator=g) * 0.5).to(torch.bfloat16)
+    drafts = torch.where(
+        torch.rand(d, device=device, generator=g) < 0.7, target[rows].argmax(1), torch.randint(0, vocab, (d,), device=device, generator=g)
+    )
+    if d > 1:
+        drafts[d // 2] = -1
+    kinds = [Method.STANDARD, Method.SYNTHETIC] if chain_only else [Method.STANDARD, Method.STRICT, Method.BLOCK, Method.SYNTHETIC]
+    methods = torch.from_numpy(np.resize(np.array(kinds, np.int8), b)).to(device)
+    temps = torch.from_numpy(np.resize([1.0, 0.0, 0.5], b)).to(device)
+    seeds = torch.randint(0, 1 << 62, (b,), device=device, generator=g)
+    positions = torch.arange(d + b, device=device, dtype=torch.int64) * 7
+    rates = torch.rand(b, k, device=device, generator=g, dtype=torch.float64)
+    return target, draft, drafts, cu, temps, seeds, positions, methods, rates, k
+
+
+def fused_scratch(monkeypatch, run, prepare=None):
+    """The fused path's float64 scratch after ``run()``, allocated zeroed (unwritten slots compare
+    equal), then given to ``prepare`` where one is passed."""
+    import torch
+
+    real_empty = torch.empty
+    made = []
+
+    def zeroed(*shape, **kwargs):
+        made.append(torch.zeros(*shape, **kwargs))
+        if prepare is not None and made[-1].dtype == torch.float64:
+            prepare(made[-1])
+        return made[-1]
+
+    monkeypatch.setattr(torch, "empty", zeroed)
+    try:
+        run()
+    finally:
+        monkeypatch.setattr(torch, "empty", real_empty)
+    (scratch,) = [t for t in made if t.dtype == torch.float64]
+    return scratch
+
+
+# Two fp32 sums of the same row in different orders (CUDA tiles, V <= 262,144): each within 64 u
+# of the exact sum (u = 2**-24; a term passes at most 31 in-thread, 5 warp and 2 cross-warp adds
+# in the fused kernel's 4096-wide tile (15 in the staged kernel's 2048-wide one, then 2 running-sum
+# steps of a multiply and an add), two exp2 of about 2 u each, and the merge's two roundings: at
+# most 46), and each log rounds once: |log-sum difference| <= 128 u + 2 ulps.
+ORDER_SLACK = 128 * 2.0**-24
+
+
+def assert_stats_equal(stored, want, label: str, log_sum_order_bound: bool = False, rows=None):
+    """Stored final statistics (``[4, n]`` float64: max, log-sum, argmax, flag) equal ``staged_jobs.Stats``
+    bit for bit in ``rows`` (default all); with ``log_sum_order_bound`` the log-sums within
+    ``ORDER_SLACK`` + 2 ulps."""
+    import math
+
+    import torch
+
+    rows = slice(None) if rows is None else rows
+    for field, got, w in zip(("max", "log-sum", "argmax", "degenerate"), stored[:, rows], (want.m, want.logs, want.arg, want.bad)):
+        w = w[rows]
+        if field == "log-sum" and log_sum_order_bound:
+            ulp = torch.where(w.isfinite(), torch.nextafter(w, torch.full_like(w, math.inf)) - w, 0.0).to(torch.float64)
+            w = w.to(torch.float64)
+            same = ((got - w).abs() <= ORDER_SLACK + 2 * ulp) | (got.isnan() & w.isnan()) | (got == w)
+            worst = float(torch.where(same, 0.0, (got - w).abs()).nan_to_num(math.inf).max()) if len(w) else 0.0
+            assert bool(same.all()), f"{label} log-sum: {int((~same).sum())} of {len(w)} rows past the order bound (worst {worst:.3g})"
+            continue
+        w = w.to(torch.float64)
+        same = (got == w) | (got.isnan() & w.isnan())
+        assert bool(same.all()), f"{label} {field}: {int((~same).sum())} of {len(w)} rows differ"
+
+
+def rows_with_drafts(counts):
+    """Target rows 0..count-1 of each request (ragged ``counts``): the rows the fused path
+    keeps statistics of (a request's last row has none, ``_fused_stats_kernel``)."""
+    import torch
+
+    owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts + 1)
+    first = torch.cumsum(counts + 1, 0) - (counts + 1)
+    return torch.arange(len(owner), device=counts.device) - first[owner] < counts[owner]
+
+
+def staged_group(vocab, cuda, block_v=None, splits=None) -> int:
+    """The group width the staged path's target statistics sum by (``verify``: residual candidates on)."""
+    from harness.backends.triton.common import candidate_plan, tile_plan
+    from harness.backends.triton.tunables import DEFAULT_TUNABLES
+
+    draw_v = tile_plan(vocab, cuda, block_v, splits)[0]
+    return candidate_plan(vocab, draw_v, draw_v)[0] if DEFAULT_TUNABLES.candidates else 0
+
+
+def tail_rate(tail_tokens, log_ratio):
+    """The share of draws landing in ``tail_tokens`` tokens each ``exp(log_ratio)`` below a head of 1."""
+    import math
+
+    import numpy as np
+
+    tail = tail_tokens * math.exp(float(np.float32(log_ratio)))
+    return tail / (1.0 + tail)
+
+
+def binomial_check(hits, n, rate, max_shift):
+    """Binomial test at ``TRITON_ALPHA`` of ``hits`` in ``n`` against ``rate``, powered to detect ``max_shift``."""
+    from harness.checking import power, stats
+
+    p = stats.binomial_test(hits, n, rate)
+    detect = power.binomial_detectable(TRITON_ALPHA, TRITON_POWER, rate, n)
+    assert detect < max_shift, f"underpowered: detects a shift of {detect:.3g} only (wanted {max_shift:.3g})"
+    assert p > TRITON_ALPHA, f"tail drawn {hits}/{n} = {hits / n:.4g} vs rate {rate:.4g}: p = {p:.3g} <= alpha {TRITON_ALPHA}"

@@ -1,4 +1,4 @@
-"""Tiny misbehaving backends for ``suites/test_isolation.py``, each loaded by name in a worker.
+"""Tiny misbehaving backends for the isolation and pipeline tests, each loaded by name in a worker.
 
 Most misbehave on ``standard-near-target`` only (the scenario with templates of 1, 3 and
 4 drafts) and sample like the reference otherwise. Those that start processes note their
@@ -49,8 +49,22 @@ def _senders() -> list:
     """The worker's ways to send to its parent: its framing sender where it has one, else
     the bare connection."""
     objects = gc.get_objects()
-    framed = [o for o in objects if type(o).__name__ == "_Framed"]
+    framed = [o for o in objects if type(o).__name__ == "Framed"]
     return framed or [o for o in objects if isinstance(o, Connection) and not o.closed]
+
+
+class Crashes(_OnMark):
+    name = "crashes"
+
+    def misbehave(self):
+        os._exit(3)  # what a CUDA fault or a segfault looks like from outside
+
+
+class Hangs(_OnMark):
+    name = "hangs"
+
+    def misbehave(self):
+        time.sleep(3600)
 
 
 class WritesGarbage(_OnMark):

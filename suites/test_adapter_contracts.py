@@ -49,7 +49,7 @@ V1_MODULE = "vllm.v1.sample.rejection_sampler"
 LAW_CHECKS = {"outcome-law", "position-law", "acceptance-length"}
 CONTRACT_PROFILE = dataclasses.replace(get_profile("smoke"), tv=0.3)  # keeps the name: the runner resolves names
 CONTRACT_SCENARIO = Scenario(
-    name="contract-temperature", method="standard", vocab_size=8, requests=(RequestSpec(1, 0.2, "flat", "near-target"),), drafts="fixed"
+    name="contract-temperature", method="standard", vocab_size=8, requests=(RequestSpec(1, 0.2, "flat", "near-target"),), draft_mode="fixed"
 )
 
 
@@ -244,7 +244,7 @@ _NARROW_DRAFT = Scenario(
     vocab_size=8,
     draft_vocab_size=4,
     requests=(RequestSpec(1, 1.0, "flat", "flat"),),
-    drafts="fixed",
+    draft_mode="fixed",
 )
 
 
@@ -279,7 +279,7 @@ def test_mrv2_0200_api_is_drift():
     if not (tree / "vllm" / "__init__.py").is_file():
         pytest.skip(f"no vLLM 0.20.0 tree at {tree} (python scripts/build_vllm_tree.py --version 0.20.0 --no-wheelhouse)")
     _available(vllm_mrv2)
-    code = "from harness.backends import vllm_mrv2\nprint(vllm_mrv2.availability()[1])\n"
+    code = "from harness.backends.vllm import mrv2\nprint(mrv2.availability()[1])\n"
     env = {**os.environ, vllm_env.SRC_ENV: str(tree), "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -121,7 +121,7 @@ def test_law_inputs_are_checked(call, name):
                 {
                     "name": "x",
                     "method": "standard",
-                    "drafts": "sampled",
+                    "draft_mode": "sampled",
                     "vocab_size": 8,
                     "requests": [{"num_drafts": 2, "placeholder_at": 0}],
                 }
@@ -136,7 +136,7 @@ def test_malformed_scenario_json_is_named(data, needle):
 
 
 def test_scenario_round_trips_through_json():
-    s = Scenario("rt", "block", 7, (RequestSpec(2, 0.5, "topk", "disjoint"),), drafts="sampled", seed=9)
+    s = Scenario("rt", "block", 7, (RequestSpec(2, 0.5, "topk", "disjoint"),), draft_mode="sampled", seed=9)
     assert Scenario.from_json(s.to_json()) == s
     mixed = Scenario(
         "mixed", "standard", 9,
@@ -340,7 +340,7 @@ def test_a_ten_million_request_file_is_refused_unparsed(tmp_path):
         (dict(vocab_size=8.0), "scenario.vocab_size"),
         (dict(draft_vocab_size="4"), "scenario.draft_vocab_size"),
         (dict(draft_probs="yes"), "scenario.draft_probs"),
-        (dict(drafts=5), "scenario.drafts"),
+        (dict(draft_mode=5), "scenario.draft_mode"),
         (dict(seed=1.5), "scenario.seed"),
         (dict(seed=True), "scenario.seed"),
         (dict(seed="1"), "scenario.seed"),

@@ -1,10 +1,12 @@
-"""The benchmarks' hooks into the fused path: launch constants set from the command
-line (``bench_kernels.set_constants``) and the call cut after its first kernels
-(``ab_fused.cut_after``). Both time variants of the sampler on a GPU without a second copy of
-its code, so both must do what they say; checked here under the interpreter. That the
-constants leave the tokens as they were: ``suites/test_triton.py``. Also the streaming floor's
+"""The benchmarks' hooks into the fused path: launch constants read from the command
+line into the sampler's ``Tunables`` (``bench_kernels.parse_tunables``) and the call cut after its
+first kernels (``ab_fused.cut_after``). Both time variants of the sampler on a GPU without a second
+copy of its code, so both must do what they say; checked here under the interpreter. That the
+constants leave the tokens as they were: ``suites/test_triton_paths.py``. Also the streaming floor's
 kernels (``benchmarks/stream_floor.py``): each computes what it claims, so its times say what
 the least work over the sampler's bytes takes."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -14,14 +16,14 @@ pytest.importorskip("triton", reason="the Triton backend needs triton")
 
 from benchmarks import ab_fused, bench_kernels, stream_floor  # noqa: E402
 from harness.backends.triton import fused as tf  # noqa: E402
-from suites.test_triton import _any_requests, _batch, _sample  # noqa: E402
+from harness.backends.triton.tunables import DEFAULT_TUNABLES, Tunables  # noqa: E402
+from suites.helpers import any_requests, build_batch, sample_triton  # noqa: E402
 
 
 @pytest.fixture
 def restored(monkeypatch):
-    """Whatever a test sets in ``triton_fused`` is put back after it."""
-    for name in (*bench_kernels.TUNABLE, "launch_each"):
-        monkeypatch.setattr(tf, name, getattr(tf, name))
+    """What a test replaces in ``triton_fused`` (``cut_after``: its ``launch_each``) is put back after it."""
+    monkeypatch.setattr(tf, "launch_each", tf.launch_each)
 
 
 @pytest.mark.parametrize(
@@ -38,26 +40,36 @@ def restored(monkeypatch):
     ],
 )
 def test_set_constants_rejects_bad_input_before_setting_any(spec, restored):
-    before = {name: getattr(tf, name) for name in bench_kernels.TUNABLE}
-    with pytest.raises(ValueError, match="set_constants"):
-        bench_kernels.set_constants(spec)
-    assert {name: getattr(tf, name) for name in bench_kernels.TUNABLE} == before
+    """A bad ``--set`` / ``AB_SET`` spec raises before any variant is made; the defaults stay."""
+    before = dataclasses.asdict(DEFAULT_TUNABLES)
+    with pytest.raises(ValueError, match="parse_tunables"):
+        bench_kernels.parse_tunables(spec)
+    with pytest.raises(ValueError, match="parse_tunables"):
+        bench_kernels.tunables_from(spec)
+    assert dataclasses.asdict(DEFAULT_TUNABLES) == before == dataclasses.asdict(Tunables())
 
 
 def test_set_constants_sets_the_fused_module(restored):
-    wanted = {"_STATS_PROGRAMS": 1, "_MASS_PROGRAMS": 1, "_MASS_MAX_TILES": 8, "_PICK_IN_MASS_MAX_BLOCKS": 0, "_STATS_MAX_REGISTERS": 255}
-    spec = "STATS_PROGRAMS=1, _MASS_PROGRAMS=1,MASS_MAX_TILES=8, PICK_IN_MASS_MAX_BLOCKS=0,STATS_MAX_REGISTERS=255"
-    assert bench_kernels.set_constants(spec) == wanted
-    assert {name: getattr(tf, name) for name in wanted} == wanted
+    """A ``--set`` / ``AB_SET`` spec gives the fused path's variant: names as the module constants
+    were spelled (any case, a leading underscore or not) name ``Tunables`` fields, and the variant
+    is a replace of the defaults, which stay as they were (the name predates ``Tunables``: the
+    spec once assigned module globals of ``fused``)."""
+    wanted = {"stats_programs": 1, "mass_programs": 1, "mass_max_tiles": 8, "pick_in_mass_max_blocks": 0, "stats_max_registers": 255}
+    spec = "STATS_PROGRAMS=1, _MASS_PROGRAMS=1,mass_max_tiles=8, PICK_IN_MASS_MAX_BLOCKS=0,_stats_max_registers=255"
+    assert bench_kernels.parse_tunables(spec) == wanted
+    variant = bench_kernels.tunables_from(spec)
+    assert {name: getattr(variant, name) for name in wanted} == wanted
+    assert variant == dataclasses.replace(DEFAULT_TUNABLES, **wanted) != DEFAULT_TUNABLES
+    assert set(bench_kernels.TUNABLE) <= {f.name for f in dataclasses.fields(Tunables)}
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_cut_after_launches_the_first_kernels_only(n, restored):
     rng = np.random.default_rng(0)
     vocab = 300
-    batch = _batch(_any_requests(rng, vocab, 3, vocab, 2), vocab)
+    batch = build_batch(any_requests(rng, vocab, 3, vocab, 2), vocab)
     ab_fused.cut_after(n)
-    _sample(batch, path="fused")
+    sample_triton(batch, path="fused")
     kernels = ["_fused_stats_kernel", "_fused_chain_kernel", "_fused_candidate_kernel", "_fused_mass_kernel"]
     assert ab_fused.LAUNCHED == kernels[:n]
 

@@ -93,7 +93,7 @@ def test_device_batches_equal_host_batches_for_any_seed_and_draft_vocabulary(pat
     target's; and a seed whose hash state fits in 32 bits (Triton passes such a scalar as int32)."""
     requests = (RequestSpec(3), RequestSpec(0), RequestSpec(2, 0.5))
     for seed in (11, SMALL_STATE_SEED):
-        s = Scenario(name="x", method="standard", vocab_size=40, requests=requests, drafts="sampled", draft_vocab_size=29, seed=seed)
+        s = Scenario(name="x", method="standard", vocab_size=40, requests=requests, draft_mode="sampled", draft_vocab_size=29, seed=seed)
         templates = materialize(s)
         built = device_trials.DeviceTrials(s, templates, path[0], kernels=path[1])
         built.prepare(300)
@@ -223,7 +223,7 @@ def _stationary(dtype="float32", temperature=1.0, method="standard"):
 def test_stationary_requests_repeat_one_target_row_and_one_draft_row():
     (t,) = materialize(_stationary())
     assert np.array_equal(t.target_logits, np.repeat(t.target_logits[:1], 4, axis=0))
-    assert np.array_equal(t.proposal_logits, np.repeat(t.proposal_logits[:1], 3, axis=0))
+    assert np.array_equal(t.draft_logits, np.repeat(t.draft_logits[:1], 3, axis=0))
     with pytest.raises(ValueError, match="stationary"):
         Scenario(name="x", method="standard", vocab_size=8, requests=(RequestSpec(1, stationary="yes"),))
 

@@ -120,7 +120,7 @@ def test_nothing_past_the_emitted_count_is_read(scenario):
 def test_draft_with_zero_draft_probability_is_pinned():
     """A fixed draft the draft distribution gives probability 0 (top-k on the draft side)."""
     probe = Scenario("fuzz", "standard", 8, (R(1, 1.0, "peaked", "topk"),), seed=4)
-    q = materialize(probe)[0].proposal_probs()[0]
+    q = materialize(probe)[0].visible_draft_probs()[0]
     zero = int(np.flatnonzero(q == 0)[0])
     verify("reference", dataclasses.replace(probe, requests=(R(1, 1.0, "peaked", "topk", draft_ids=(zero,)),)), "zero-draft-prob", 1)
 
@@ -183,7 +183,7 @@ def test_the_fuzzer_finds_planted_faults(fault):
 # The example the GPU fuzzer found for vLLM V1 (docs/verification-results.md): draft id 0 is outside
 # the top-k draft.
 V1_TOPK_ZERO = {
-    "draft_probs": True, "draft_vocab_size": None, "drafts": "fixed", "dtype": "float32", "method": "standard",
+    "draft_probs": True, "draft_vocab_size": None, "draft_mode": "fixed", "dtype": "float32", "method": "standard",
     "name": "fuzz", "positions": "random", "seed": 0, "slots": "identity", "synthetic": None, "tags": [],
     "vocab_size": 1023,
     "requests": [{
@@ -197,17 +197,17 @@ def test_draft_probability_vanishes_only_where_the_target_keeps_mass():
     found = Scenario.from_dict(V1_TOPK_ZERO)
     assert draft_probability_vanishes(found) and not undefined_ratio(found)
     t = materialize(found)[0]
-    assert t.proposal_probs()[0, 0] == 0 < t.target_probs()[0, 0]
+    assert t.visible_draft_probs()[0, 0] == 0 < t.target_probs()[0, 0]
     flat = Scenario.from_dict({**V1_TOPK_ZERO, "requests": [{**V1_TOPK_ZERO["requests"][0], "draft": "flat"}]})
     request = {**V1_TOPK_ZERO["requests"][0], "draft_ids": None}
-    sampled = Scenario.from_dict({**V1_TOPK_ZERO, "drafts": "sampled", "requests": [request]})
+    sampled = Scenario.from_dict({**V1_TOPK_ZERO, "draft_mode": "sampled", "requests": [request]})
     assert not draft_probability_vanishes(flat) and not draft_probability_vanishes(sampled)
 
 
 # The example the GPU fuzzer found for vLLM V1 (docs/verification-results.md): a placeholder draft
 # with draft probabilities (V1 emits from the residual of the placeholder's draft row, not the target).
 V1_PLACEHOLDER = {
-    "draft_probs": True, "draft_vocab_size": None, "drafts": "fixed", "dtype": "float32", "method": "standard",
+    "draft_probs": True, "draft_vocab_size": None, "draft_mode": "fixed", "dtype": "float32", "method": "standard",
     "name": "fuzz", "positions": "random", "seed": 0, "slots": "identity", "synthetic": None, "tags": [],
     "vocab_size": 1023,
     "requests": [
@@ -230,3 +230,12 @@ def test_placeholder_with_draft_probabilities_needs_both_at_a_sampling_standard_
         {**V1_PLACEHOLDER, "requests": [{**sampling, "method": "synthetic"}], "synthetic": {"rates": [0.5]}},
     ]
     assert not any(placeholder_with_draft_probabilities(Scenario.from_dict(v)) for v in variants)
+
+
+def test_a_placeholder_among_explicit_draft_ids_is_a_placeholder_too():
+    """The V1 placeholder disagreement reached through ``draft_ids`` (found by the V1 law
+    fuzzer: V = 2, drafts (0, -1), draft probabilities, T = 0.3)."""
+    spec = {"num_drafts": 2, "temperature": 0.3, "target": "peaked", "draft": "peaked", "draft_ids": [0, -1]}
+    found = Scenario.from_dict({"name": "fuzz", "method": "standard", "vocab_size": 2, "draft_probs": True, "requests": [spec]})
+    assert placeholder_with_draft_probabilities(found)
+    assert not placeholder_with_draft_probabilities(Scenario.from_dict({**found.to_dict(), "draft_probs": False}))

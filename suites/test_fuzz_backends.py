@@ -16,7 +16,7 @@ sampler covers thousands of requests per program and affords the ``smoke`` profi
 kernels run one program per request (~12 ms V1, ~45 ms MRV2), so their law tests draw
 one (MRV2) or two (V1) requests with one or two drafts and check at TV 0.3. Vocabulary
 boundaries: vLLM at its real block sizes (1024, 8192; exact tests), the Triton sampler
-with 8-wide tiles in 2 or 3 splits (``harness.studies.fuzz.SmallTiles``) over V = 7..25.
+with 8-wide tiles in 2 or 3 splits (``harness.backends.triton.variants.SmallTiles``) over V = 7..25.
 GPU (``-m gpu``): the three backends at GPU-scale vocabularies, with as many examples as
 the Hypothesis profile gives (``HYPOTHESIS_PROFILE=nightly``: 400), or ``GPU_FUZZ_EXAMPLES``.
 
@@ -228,7 +228,7 @@ def test_triton_small_tiles_exact(tiles, scenario, stride):
 @settings(max_examples=max(2, EXAMPLES // 2))
 def test_triton_small_tiles_laws(tiles, scenario):
     """Every check detects TV >= 0.1 (``smoke``) at its example's share of the budget."""
-    name = f"harness.studies.fuzz:{tiles.__name__}"
+    name = f"harness.backends.triton.variants:{tiles.__name__}"
     laws(name, tiles(), scenario, SMOKE, max(2, EXAMPLES // 2), f"triton-{tiles.__name__}-laws")
 
 

@@ -41,4 +41,4 @@ def test_full_power_at_152k_vocab_and_8_drafts(backend, stationary):
 @gpu
 def test_full_power_at_152k_vocab_and_8_drafts_fused_path():
     """The same check with every call on the Triton sampler's fused path (shared rows)."""
-    test_full_power_at_152k_vocab_and_8_drafts("harness.backends.triton.fused:FusedTritonBackend", True)
+    test_full_power_at_152k_vocab_and_8_drafts("harness.backends.triton.backend:FusedTritonBackend", True)

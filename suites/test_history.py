@@ -2,6 +2,7 @@
 reading never writes, every problem is named in one line, a run can be appended later
 from its results.json, and a failed append leaves the history as it was."""
 
+import dataclasses
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import pytest
 from harness.cli import main
 from harness.evidence import history
 from harness.evidence.history import HistoryError, append_run, load
+from harness.evidence.records import CheckRecord
 from harness.report.outputs import write_outputs
 from harness.run.runner import run
 from harness.scenarios.catalog import catalog
@@ -135,6 +137,37 @@ def test_a_history_written_before_the_marker_keeps_working(doc, tmp_path, journa
     assert pragma(path, "user_version") == history.SCHEMA_VERSION
     runs, records = load(path)
     assert [r["label"] for r in runs] == ["old", "new"] and len(records) == 1 + len(doc["records"])
+
+
+def test_a_version_1_history_is_read_as_records_and_upgraded_by_an_append(doc, tmp_path):
+    """A file of the previous schema (marked, version 1): read without a write, with the
+    record's field names; the next append upgrades it in its own transaction, rows kept."""
+    path = legacy_history(str(tmp_path / "v1.sqlite"), "delete")
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute(f"PRAGMA application_id = {history.APPLICATION_ID}")
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute("UPDATE records SET tv_lo = 0.01, tv_hi = 0.02")
+        conn.commit()
+    before = snapshot(tmp_path)
+    _, (old,) = load(path)
+    assert snapshot(tmp_path) == before
+    assert old["check"] == "structure" and old["tv_ci"] == [0.01, 0.02] and "check_name" not in old
+    assert append_run(path, doc, "new") == 2 and pragma(path, "user_version") == history.SCHEMA_VERSION
+    _, records = load(path)
+    assert records[0] == dict(old, message=old["message"] or "", reproducer=old["reproducer"] or "")
+    assert len(records) == 1 + len(doc["records"]) and records[1]["check"] == doc["records"][0]["check"]
+
+
+def test_the_records_table_holds_every_field_of_the_record(doc, tmp_path):
+    """The schema is derived from ``CheckRecord``: every field is stored and read back."""
+    path = str(tmp_path / "h.sqlite")
+    append_run(path, doc)
+    fields = [f.name for f in dataclasses.fields(CheckRecord)]
+    with closing(sqlite3.connect(path)) as conn:
+        assert [c[1] for c in conn.execute("PRAGMA table_info(records)")] == ["run_id", *fields]
+    _, records = load(path)
+    for stored, written in zip(records, json.loads(json.dumps(doc["records"]))):
+        assert {k: stored[k] for k in fields} == {k: written.get(k) for k in fields}
 
 
 def test_a_history_of_a_newer_schema_is_refused(doc, tmp_path):

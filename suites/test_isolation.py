@@ -26,32 +26,6 @@ PROFILE = get_profile("smoke")
 SCENARIOS = [s for s in catalog(PROFILE) if s.name in ("greedy-ties", "standard-near-target", "block-fixed")]
 
 
-class _OnMark:
-    def __init__(self):
-        from reference.sampler import ReferenceSampler
-
-        self._reference = ReferenceSampler()
-
-    def sample(self, batch):
-        if batch.num_drafts[:3].tolist() == [1, 3, 4]:  # standard-near-target's templates
-            self.misbehave()
-        return self._reference.sample(batch)
-
-
-class Crashes(_OnMark):
-    name = "crashes"
-
-    def misbehave(self):
-        os._exit(3)  # what a CUDA fault or a segfault looks like from outside
-
-
-class Hangs(_OnMark):
-    name = "hangs"
-
-    def misbehave(self):
-        time.sleep(3600)
-
-
 def verdicts(result, backend):
     return {r.scenario: r.verdict for r in result.records if r.backend == backend}
 
@@ -61,7 +35,7 @@ def messages(result, backend):
 
 
 def test_a_crash_is_the_backends_verdict_and_the_run_goes_on():
-    name = "suites.test_isolation:Crashes"
+    name = "suites.isolation_backends:Crashes"
     result = run([name, "reference"], SCENARIOS, PROFILE, isolate=True)
     assert verdicts(result, name) == {"greedy-ties": "pass", MARK: "error", "block-fixed": "pass"}
     crash = next(r for r in result.records if r.backend == name and r.verdict == "error")
@@ -72,7 +46,7 @@ def test_a_crash_is_the_backends_verdict_and_the_run_goes_on():
 def test_a_hang_is_killed_after_the_timeout():
     """Scenarios are sampled costliest first: block-fixed, MARK (hangs), greedy-ties (then
     charged without being sampled)."""
-    name = "suites.test_isolation:Hangs"
+    name = "suites.isolation_backends:Hangs"
     t0 = time.perf_counter()
     result = run([name], SCENARIOS, PROFILE, isolate=True, timeout=20)
     assert time.perf_counter() - t0 < 150
@@ -270,7 +244,7 @@ def test_a_streaming_worker_that_hangs_holding_several_charges_the_one_that_hang
     have hung it); the one that hangs alone is charged with the timeout, the rest at once."""
     order = ["greedy-ties", MARK, "block-fixed"]
     work = [(s, planned_trials(s, PROFILE)[2]) for name in order for s in SCENARIOS if s.name == name]
-    stream = sample_isolated("suites.test_isolation:Hangs", iter(work), PROFILE, "cpu", 2, stream=True)
+    stream = sample_isolated("suites.isolation_backends:Hangs", iter(work), PROFILE, "cpu", 2, stream=True)
     got = within(60, lambda: [(s.name, o) for s, o in stream if s is not None])
     assert [(name, o[0]) for name, o in got] == [("greedy-ties", "tallies"), (MARK, "error"), ("block-fixed", "error")]
     assert "timed out" in got[1][1][1]

@@ -79,7 +79,7 @@ def test_sharded_sampling_returns_every_outcome_in_catalog_order():
     work = [(s, min(planned_trials(s, profile)[2], 300)) for s in scenarios]
     one, env = _sample_backend("reference", work, profile, "cpu", False, 60.0, 1, None)
     three, _ = _sample_backend("reference", work, profile, "cpu", False, 60.0, 3, None)
-    assert set(env) == {"vllm", "vllm_source"}  # the versions the backend loaded with
+    assert set(env) == {"vllm", "vllm_source", "backend_module", "backend_module_sha256"}  # what the backend loaded with
     assert [o[0] for o in three] == ["tallies"] * len(work)
     for a, b in zip(one, three):
         assert all((x.outcome == y.outcome).all() and x.trials == y.trials for x, y in zip(a[1], b[1]))
@@ -107,9 +107,19 @@ def test_two_gpus_give_the_same_records_as_one():
 
 
 def test_each_backend_records_the_versions_its_worker_loaded():
-    """With NAME@PATH every worker binds its own vLLM tree: the run records each one's versions."""
+    """With NAME@PATH every worker binds its own vLLM tree: the run records each one's versions,
+    and the module of the backend's class with its source's SHA-256, in process and isolated."""
+    import hashlib
+
+    from harness.backends import load_backend
     from harness.evidence.environment import backend_environment
 
+    expected = backend_environment(load_backend("reference"))
+    with open(load_backend.__code__.co_filename, "rb") as f:  # the reference's adapter lives in the registry
+        assert (
+            expected["backend_module"] == "harness.backends" and expected["backend_module_sha256"] == hashlib.sha256(f.read()).hexdigest()
+        )
     profile = get_profile("smoke")
-    result = run(["reference"], catalog(profile, 0)[:1], profile, isolate=True)
-    assert result.backend_environments == {"reference": backend_environment()}
+    for isolate in (False, True):
+        result = run(["reference"], catalog(profile, 0)[:1], profile, isolate=isolate)
+        assert result.backend_environments == {"reference": expected}

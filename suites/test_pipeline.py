@@ -11,14 +11,18 @@ import time
 import numpy as np
 import pytest
 
+import harness.run.plans as plans_mod
 import harness.run.runner as runner
-import harness.sampling.worker as worker
+import harness.sampling.sample as sample_mod
+import harness.sampling.stream as stream_mod
+import harness.sampling.turns as taking_turns
 from harness.backends.loading import load_for_device
 from harness.gpus import gpu_skip_reason
 from harness.run.plans import planned_trials
 from harness.run.runner import run
 from harness.sampling.sample import sample_scenario
-from harness.sampling.worker import device_turn, sample_isolated
+from harness.sampling.turns import device_turn
+from harness.sampling.worker import sample_isolated
 from harness.scenarios.catalog import catalog
 from harness.scenarios.profiles import get_profile
 from harness.scenarios.scenario import Scenario
@@ -63,7 +67,7 @@ def test_pipelined_records_are_the_serial_orders(isolate):
 def test_a_crash_mid_stream_leaves_the_remaining_scenarios_their_results():
     """The worker dies on the third of five scenarios, holding the fourth (sent ahead): a
     fresh worker takes the fourth and the fifth, and the records equal the serial run's."""
-    name = "suites.test_isolation:Crashes"
+    name = "suites.isolation_backends:Crashes"
     result = run([name], SCENARIOS, PROFILE, isolate=True)
     assert [(r.scenario, r.verdict) for r in result.records if r.verdict != "pass"] == [(MARK, "error")]
     assert {s.name for s in SCENARIOS} - {r.scenario for r in result.records if r.verdict == "pass"} == {MARK}
@@ -81,7 +85,7 @@ def test_sampling_starts_before_planning_ends(monkeypatch):
             waited.append(first_outcome.wait(120))
         return planned_trials(scenario, profile)
 
-    monkeypatch.setattr(runner, "planned_trials", planned)
+    monkeypatch.setattr(plans_mod, "planned_trials", planned)
     result = run(["reference"], SCENARIOS, PROFILE, isolate=True, progress=lambda n: first_outcome.set())
     assert waited == [True]
     assert {r.verdict for r in result.records} == {"pass"}
@@ -117,7 +121,7 @@ def test_checks_are_evaluated_while_later_scenarios_sample(monkeypatch):
 
     # The scenario sampled last waits for a verdict: one the runner evaluated while it sampled.
     scenarios = SCENARIOS[:3]
-    last = runner.sampling_order(scenarios)[-1]
+    last = plans_mod.sampling_order(scenarios)[-1]
     assert last != 0  # checks are evaluated in catalog order: the first must be sampled before
     methods = [int(s.request_method(s.requests[0])) for s in scenarios]
     assert methods.count(methods[last]) == 1  # it alone has this method
@@ -136,7 +140,7 @@ def test_a_planning_error_is_raised_not_waited_on(monkeypatch):
             raise RuntimeError("planning broke")
         return planned_trials(scenario, profile)
 
-    monkeypatch.setattr(runner, "planned_trials", planned)
+    monkeypatch.setattr(plans_mod, "planned_trials", planned)
     for isolate in (False, True):
         with pytest.raises(RuntimeError, match="planning broke"):
             run(["reference"], SCENARIOS, PROFILE, isolate=isolate)
@@ -187,7 +191,7 @@ def test_every_backends_workers_run_at_once(tmp_path, monkeypatch):
 
 
 def test_a_device_turn_excludes_other_holders_until_released(tmp_path):
-    """Workers of several backends on one GPU sample in turns (``harness.sampling.worker.device_turn``)."""
+    """Workers of several backends on one GPU sample in turns (``harness.sampling.turns.device_turn``)."""
     with device_turn(str(tmp_path), None):
         assert not _turn_is_free(str(tmp_path))
     assert _turn_is_free(str(tmp_path))  # free again
@@ -208,9 +212,9 @@ def test_a_device_turn_handed_on_early_lets_the_next_holder_in(tmp_path):
 
 def test_timed_calls_hand_a_turn_on_only_when_they_are_done():
     """No backend call's time may include another worker's work on the device."""
-    assert worker._hands_on_early("cpu", False, PROFILE)
-    assert not worker._hands_on_early("cpu", True, PROFILE)
-    assert not worker._hands_on_early("cuda", True, PROFILE)
+    assert taking_turns._hands_on_early("cpu", False, PROFILE)
+    assert not taking_turns._hands_on_early("cpu", True, PROFILE)
+    assert not taking_turns._hands_on_early("cuda", True, PROFILE)
 
 
 @pytest.mark.gpu
@@ -219,12 +223,12 @@ def test_a_turn_is_handed_on_early_only_while_the_gpu_has_the_next_worker_s_memo
     import torch
 
     free, total = torch.cuda.mem_get_info()
-    call_logits = runner.device_chunk_elements(PROFILE)  # divided among pytest-xdist workers on one GPU
-    monkeypatch.setattr(runner, "STREAM_MEMORY_SHARE", 0.0)
-    monkeypatch.setattr(worker, "CALL_BYTES_PER_LOGIT", 0.5 * free / call_logits)
-    assert worker._hands_on_early("cuda", False, PROFILE)
-    monkeypatch.setattr(worker, "CALL_BYTES_PER_LOGIT", 1.5 * total / call_logits)
-    assert not worker._hands_on_early("cuda", False, PROFILE)
+    call_logits = sample_mod.device_chunk_elements(PROFILE)  # divided among pytest-xdist workers on one GPU
+    monkeypatch.setattr(stream_mod, "STREAM_MEMORY_SHARE", 0.0)
+    monkeypatch.setattr(taking_turns, "CALL_BYTES_PER_LOGIT", 0.5 * free / call_logits)
+    assert taking_turns._hands_on_early("cuda", False, PROFILE)
+    monkeypatch.setattr(taking_turns, "CALL_BYTES_PER_LOGIT", 1.5 * total / call_logits)
+    assert not taking_turns._hands_on_early("cuda", False, PROFILE)
 
 
 def _turn_is_free(folder) -> bool:
@@ -246,7 +250,7 @@ class _LockProbe:
         self.conn, self.folder, self.free = conn, folder, []
 
     def send(self, message):
-        if message not in (worker.TURN, worker.WAITING):
+        if message not in (taking_turns.TURN, taking_turns.WAITING):
             self.free.append(_turn_is_free(self.folder))
         self.conn.send(message)
 
@@ -262,7 +266,7 @@ def test_a_turn_is_handed_on_once_its_items_are_queued_unless_its_calls_are_time
     """A turn whose items are all queued, none done (counts never ready, as on a busy GPU),
     hands the device on before its first outcome goes out, not before its last item is
     sampled; timed calls keep it to the end."""
-    monkeypatch.setattr(runner.Started, "ready", runner.Started.ready)  # restored after PendingThenCrashes
+    monkeypatch.setattr(sample_mod.Started, "ready", sample_mod.Started.ready)  # restored after PendingThenCrashes
     backend, free_while_sampling = PendingThenCrashes(), []
     sample = backend.sample
 
@@ -278,18 +282,18 @@ def test_a_turn_is_handed_on_once_its_items_are_queued_unless_its_calls_are_time
     parent.send(None)
     probe = _LockProbe(child, str(tmp_path))
     args = (probe, backend, "cpu", PROFILE, None, timed, str(tmp_path), 1.0)
-    serving = threading.Thread(target=worker._serve_turns, args=args, daemon=True)
+    serving = threading.Thread(target=taking_turns.serve_turns, args=args, daemon=True)
     serving.start()
     messages = [parent.recv() for _ in range(1 + len(work)) if parent.poll(60)]
     serving.join(60)
     assert not serving.is_alive()
-    assert messages[0] == worker.TURN and [m[0] for m in messages[1:]] == ["tallies"] * len(work)
+    assert messages[0] == taking_turns.TURN and [m[0] for m in messages[1:]] == ["tallies"] * len(work)
     assert free_while_sampling and not any(free_while_sampling)
     assert probe.free == [not timed] * len(work)
 
 
 def test_a_worker_taking_turns_delivers_every_outcome(tmp_path):
-    """Its turn message (``harness.sampling.worker.TURN``) restarts the timeout; it is not an outcome."""
+    """Its turn message (``harness.sampling.turns.TURN``) restarts the timeout; it is not an outcome."""
     work = [(s, 50) for s in SCENARIOS[:2]]
     stream = sample_isolated("reference", iter(work), PROFILE, "cpu", 120, None, False, str(tmp_path))
     assert [outcome[0] for _, outcome in stream] == ["environment", "tallies", "tallies"]
@@ -336,16 +340,16 @@ def _streamed(monkeypatch, ready: bool, **kw):
     log = []
     backend = DeviceReference(log)
     work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
-    expected = [outcome_fields(runner.sample_one(backend, s, PROFILE, n)) for s, n in work]
+    expected = [outcome_fields(sample_mod.sample_one(backend, s, PROFILE, n)) for s, n in work]
     assert [o[0] for o in expected] == ["error" if s.method == "block" else "tallies" for s, _ in work]
 
-    waits = runner.Started.tallies
-    monkeypatch.setattr(runner.Started, "tallies", lambda self: log.append(("wait",)) or waits(self))
-    monkeypatch.setattr(runner.Started, "ready", lambda self: ready)
-    starts = runner.start_one
-    monkeypatch.setattr(runner, "start_one", lambda *a, **k: log.append(("start",)) or starts(*a, **k))
+    waits = sample_mod.Started.tallies
+    monkeypatch.setattr(sample_mod.Started, "tallies", lambda self: log.append(("wait",)) or waits(self))
+    monkeypatch.setattr(sample_mod.Started, "ready", lambda self: ready)
+    starts = stream_mod.start_one
+    monkeypatch.setattr(stream_mod, "start_one", lambda *a, **k: log.append(("start",)) or starts(*a, **k))
     log.clear()
-    streamed = list(runner.sample_stream(backend, iter(work), PROFILE, **kw))
+    streamed = list(stream_mod.sample_stream(backend, iter(work), PROFILE, **kw))
     assert [s.name for s, _ in streamed] == [s.name for s, _ in work]
     assert [outcome_fields(o) for _, o in streamed] == expected
     return log
@@ -366,7 +370,7 @@ def test_the_stream_reads_counts_that_are_back_before_it_queues_more(monkeypatch
 
 
 def test_the_stream_stops_running_ahead_when_the_device_memory_is_taken(monkeypatch):
-    monkeypatch.setattr(runner, "_memory_full", lambda backend: True)
+    monkeypatch.setattr(stream_mod, "_memory_full", lambda backend: True)
     assert _scenario_calls_before_first_wait(_streamed(monkeypatch, ready=False)) == 1
 
 
@@ -380,11 +384,11 @@ def test_the_memory_guard_reads_this_process_s_tensors_on_the_gpu(monkeypatch):
 
     held = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # 64 MiB
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    monkeypatch.setattr(runner, "STREAM_MEMORY_SHARE", 0.5 * held.numel() / total)  # half of what is held
-    assert runner._memory_full(OnCuda())
-    monkeypatch.setattr(runner, "STREAM_MEMORY_SHARE", 1.0)
-    assert not runner._memory_full(OnCuda())
-    assert not runner._memory_full(load_for_device("reference", "cpu"))  # a CPU backend never waits for memory
+    monkeypatch.setattr(stream_mod, "STREAM_MEMORY_SHARE", 0.5 * held.numel() / total)  # half of what is held
+    assert stream_mod._memory_full(OnCuda())
+    monkeypatch.setattr(stream_mod, "STREAM_MEMORY_SHARE", 1.0)
+    assert not stream_mod._memory_full(OnCuda())
+    assert not stream_mod._memory_full(load_for_device("reference", "cpu"))  # a CPU backend never waits for memory
 
 
 class PendingThenCrashes:
@@ -394,7 +398,7 @@ class PendingThenCrashes:
     name, device, devices, device_batches = "pending-then-crashes", "cpu", ("cpu",), True
 
     def __init__(self):
-        runner.Started.ready = lambda self: False  # in the worker process that loads it only
+        sample_mod.Started.ready = lambda self: False  # in the worker process that loads it only
         self._reference = load_for_device("reference", "cpu")
 
     def sample(self, batch):
@@ -413,7 +417,7 @@ class PendingThenCrashes:
 # holding several, and none of the innocent ones may be charged (their outcomes are compared).
 STREAMING_WORKERS = {
     "reference": (1, 5),
-    "suites.test_isolation:Crashes": (3, 2),
+    "suites.isolation_backends:Crashes": (3, 2),
     "suites.test_pipeline:PendingThenCrashes": (3, 2),
 }
 
@@ -422,7 +426,7 @@ def _work_and_serial_outcomes():
     """Every scenario with its planned trials, and the reference's outcomes sampled one by one in process."""
     work = [(s, planned_trials(s, PROFILE)[2]) for s in SCENARIOS]
     reference = load_for_device("reference", "cpu")
-    return work, [outcome_fields(runner.sample_one(reference, s, PROFILE, n)) for s, n in work]
+    return work, [outcome_fields(sample_mod.sample_one(reference, s, PROFILE, n)) for s, n in work]
 
 
 @pytest.mark.parametrize("turns", [False, True], ids=["alone", "in-turns"])
@@ -471,7 +475,7 @@ def test_streaming_workers_of_two_backends_take_turns_and_give_the_serial_outcom
 
 def test_a_worker_waiting_for_its_turn_is_not_timed_out(tmp_path):
     """While another process holds the device past the timeout, the waiting worker says so
-    (``harness.sampling.worker.WAITING``, every second) and is not killed as hung."""
+    (``harness.sampling.turns.WAITING``, every second) and is not killed as hung."""
     held, release = threading.Event(), threading.Event()
 
     def hold():
@@ -493,7 +497,7 @@ def test_a_worker_waiting_for_its_turn_is_not_timed_out(tmp_path):
 
 def test_many_large_items_and_large_outcomes_do_not_deadlock_a_streaming_worker(tmp_path):
     """70 items of 40 requests (2 KB each, sent ahead) and outcomes of 1.5 MB: both pipes
-    fill. The parent sends from a thread of its own (``harness.sampling.worker._Sender``), so it is
+    fill. The parent sends from a thread of its own (``harness.sampling.framing.Sender``), so it is
     never stuck sending while the worker, holding its turn, is stuck sending an outcome."""
     base = next(s for s in SCENARIOS if s.name == "standard-near-target").to_dict()
     request = base["requests"][1]

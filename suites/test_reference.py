@@ -55,8 +55,10 @@ def test_random_scenarios_pass(seed):
         )
         for _ in range(3)
     )
-    drafts = "sampled" if seed % 3 == 0 else "fixed"
-    scenario = Scenario(f"random-{seed}", method, int(rng.integers(3, 9)), reqs, drafts=drafts, draft_probs=bool(seed % 2), seed=seed)
+    draft_mode = "sampled" if seed % 3 == 0 else "fixed"
+    scenario = Scenario(
+        f"random-{seed}", method, int(rng.integers(3, 9)), reqs, draft_mode=draft_mode, draft_probs=bool(seed % 2), seed=seed
+    )
     result = run(["reference"], [scenario], get_profile("smoke"), seed=seed)
     assert not result.failed, [(r.check, r.message) for r in result.records if r.verdict != "pass"]
 
@@ -90,7 +92,7 @@ def _subset(batch: VerifyBatch, keep: np.ndarray) -> VerifyBatch:
 def test_output_does_not_depend_on_batch_mates(method):
     """Nor on whether its rows repeat: the sampler computes a batch of trials' probabilities
     once per period of their rows (``RepeatingRows``); a request alone has no period."""
-    scenario = Scenario("mates", method, 9, (RequestSpec(3), RequestSpec(1, 0.7, "flat"), RequestSpec(0)), drafts="sampled", seed=4)
+    scenario = Scenario("mates", method, 9, (RequestSpec(3), RequestSpec(1, 0.7, "flat"), RequestSpec(0)), draft_mode="sampled", seed=4)
     batch = _batch(scenario, 40)
     assert repeat_period(batch.target_logits, np.repeat(batch.temperature, batch.num_drafts + 1)) == 4 + 2 + 1
     tokens, emitted = ReferenceSampler().sample(batch.validate())

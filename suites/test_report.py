@@ -93,7 +93,7 @@ def test_a_run_killed_midway_leaves_earlier_runs_intact(run_doc, tmp_path):
     path = str(tmp_path / "history.sqlite")
     append_run(path, run_doc["document"], "kept")
     broken = dict(run_doc["document"], records=run_doc["document"]["records"] + [{"backend": "x"}])  # fails mid-insert
-    with pytest.raises(KeyError):
+    with pytest.raises(HistoryError, match="could not append"):
         append_run(path, broken, "killed")
     runs, records = load(path)
     assert [r["label"] for r in runs] == ["kept"] and len(records) == len(run_doc["document"]["records"])
@@ -126,7 +126,7 @@ def test_drift_flags_shifts_regressions_and_api_drift():
         "backend": "vllm-mrv2",
         "scenario": "s",
         "template": 0,
-        "check_name": "outcome-law",
+        "check": "outcome-law",
         "kind": "gof",
         "p_value": 0.5,
         "alpha": 1e-6,
@@ -136,17 +136,16 @@ def test_drift_flags_shifts_regressions_and_api_drift():
         "reproducer": "cmd",
     }
     records = [
-        dict(base, run_id=1, verdict="pass", tv_estimate=0.01, tv_lo=0.005, tv_hi=0.015),
-        dict(base, run_id=2, verdict="fail", tv_estimate=0.08, tv_lo=0.07, tv_hi=0.09),
+        dict(base, run_id=1, verdict="pass", tv_estimate=0.01, tv_ci=[0.005, 0.015]),
+        dict(base, run_id=2, verdict="fail", tv_estimate=0.08, tv_ci=[0.07, 0.09]),
         dict(
             base,
             run_id=2,
-            check_name="load",
+            check="load",
             verdict="error",
             kind="api-drift",
             tv_estimate=None,
-            tv_lo=None,
-            tv_hi=None,
+            tv_ci=None,
             message="vLLM API changed: rejection_sample lost 'pos'",
         ),
     ]

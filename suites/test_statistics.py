@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from harness.backends import load_backend
-from harness.checking import stats
+from harness.checking import pooling, stats
+from harness.checking import power as power_calc
 from harness.run.plans import planned_trials
 from harness.sampling.sample import sample_scenario
 from harness.scenarios.profiles import get_profile
@@ -34,30 +35,30 @@ REPS = 3000
 )
 def test_noncentrality_matches_published_table(alpha, power, df, expected):
     """Values from ../shared/notes/peers-and-statistics.md section 4.3 (scipy 1.17)."""
-    assert abs(stats.noncentrality(alpha, power, df) - expected) < 0.06
+    assert abs(power_calc.noncentrality(alpha, power, df) - expected) < 0.06
 
 
 def test_trials_and_detectable_tv_are_inverse():
     for df in (1, 9, 99):
         for tv in (0.1, 0.02, 0.01):
-            n = stats.trials_for_tv(1e-6, 0.99, tv, df)
-            assert stats.detectable_tv(1e-6, 0.99, df, n) <= tv < stats.detectable_tv(1e-6, 0.99, df, n - 1)
-    assert stats.trials_for_tv(1e-6, 0.99, 0.01, 9) == pytest.approx(180_000, rel=0.01)  # notes' table
+            n = power_calc.trials_for_tv(1e-6, 0.99, tv, df)
+            assert power_calc.detectable_tv(1e-6, 0.99, df, n) <= tv < power_calc.detectable_tv(1e-6, 0.99, df, n - 1)
+    assert power_calc.trials_for_tv(1e-6, 0.99, 0.01, 9) == pytest.approx(180_000, rel=0.01)  # notes' table
 
 
 def test_pooling_uses_expected_counts_only():
     expected = np.array([100.0, 50.0, 3.0, 2.0, 1.0, 0.5, 0.0, 4.0])
-    bins = stats.pool_cells(expected)
+    bins = pooling.pool_cells(expected)
     assert bins[6] == -1  # impossible cell stays alone
     assert bins[0] != bins[1] and bins[0] >= 0
-    pooled = stats.pooled(expected, bins)
-    assert (pooled >= stats.MIN_EXPECTED).all()
+    pooled = pooling.pooled(expected, bins)
+    assert (pooled >= pooling.MIN_EXPECTED).all()
     assert pooled.sum() == expected.sum()
 
 
 def test_an_impossible_observation_fails_outright():
     expected = np.array([50.0, 50.0, 0.0])
-    r = stats.chi_square_test([49, 50, 1], expected, stats.pool_cells(expected))
+    r = stats.chi_square_test([49, 50, 1], expected, pooling.pool_cells(expected))
     assert r.p_value == 0.0 and r.impossible == 1
 
 
@@ -71,8 +72,8 @@ def test_holm_step_down():
 
 def test_binomial_power_calculation():
     for rate in (0.3, 0.8, 0.95):
-        n = stats.binomial_trials(1e-6, 0.99, rate, 0.01)
-        assert stats.binomial_detectable(1e-6, 0.99, rate, n) <= 0.01
+        n = power_calc.binomial_trials(1e-6, 0.99, rate, 0.01)
+        assert power_calc.binomial_detectable(1e-6, 0.99, rate, n) <= 0.01
     assert stats.binomial_test(7, 7, 1.0) == 1.0 and stats.binomial_test(6, 7, 1.0) == 0.0
 
 
@@ -85,7 +86,7 @@ def worst_case_alternative(null, plus, tv):
 
 
 def rejection_rate(rng, law, null, n, alpha):
-    bins = stats.pool_cells(null * n)
+    bins = pooling.pool_cells(null * n)
     rejected = sum(stats.chi_square_test(row, null * n, bins, with_ci=False).p_value <= alpha for row in rng.multinomial(n, law, size=REPS))
     return rejected
 
@@ -100,7 +101,7 @@ CONFIGS = [
 @pytest.mark.parametrize("null,plus,alpha,power,tv", CONFIGS)
 def test_simulated_false_alarm_and_power_agree_with_the_calculator(null, plus, alpha, power, tv):
     rng = np.random.default_rng(20261121)
-    n = stats.trials_for_tv(alpha, power, tv, null.size - 1)
+    n = power_calc.trials_for_tv(alpha, power, tv, null.size - 1)
     false_alarms = rejection_rate(rng, null, null, n, alpha)
     assert stats.binomial_test(false_alarms, REPS, alpha) > META_ALPHA, f"false-alarm rate {false_alarms / REPS} vs alpha {alpha}"
     alt = worst_case_alternative(null, plus, tv)

@@ -21,8 +21,10 @@ import triton.language as tl  # noqa: E402
 
 from harness.backends.triton import fused as tf  # noqa: E402
 from harness.backends.triton import launch as tlaunch  # noqa: E402
-from harness.backends.triton import sampler as ts  # noqa: E402
+from harness.backends.triton import staged_jobs as tj  # noqa: E402
+from harness.backends.triton.backend import verify  # noqa: E402
 from harness.gpus import gpu_skip_reason  # noqa: E402
+from suites.helpers import device_mixed_batch  # noqa: E402
 
 _NO_DIRECT = gpu_skip_reason() or (
     None
@@ -118,14 +120,12 @@ def test_grid_arithmetic_matches_triton():
 @direct
 @pytest.mark.parametrize("path", ["staged", "fused"])
 def test_direct_launches_give_the_outputs_of_triton_launches(path, monkeypatch):
-    from suites.test_triton import _device_mixed_batch
-
-    batch = _device_mixed_batch(32000, 48, 4, seed=3)
-    direct_runs = [ts.verify(*batch, path=path) for _ in range(3)]  # the first compiles, the others launch directly
-    kernel = tlaunch._KERNELS[ts._stats_kernel if path == "staged" else tf._fused_stats_kernel]
+    batch = device_mixed_batch(32000, 48, 4, seed=3)
+    direct_runs = [verify(*batch, path=path) for _ in range(3)]  # the first compiles, the others launch directly
+    kernel = tlaunch._KERNELS[tj._stats_kernel if path == "staged" else tf._fused_stats_kernel]
     assert kernel.compiled, "no kernel was cached: the direct path was not taken"
     monkeypatch.setattr(tlaunch, "_direct_possible", lambda: False)
-    tokens, emitted = ts.verify(*batch, path=path)
+    tokens, emitted = verify(*batch, path=path)
     for got_tokens, got_emitted in direct_runs:
         assert torch.equal(got_tokens, tokens) and torch.equal(got_emitted, emitted)
 

@@ -5,7 +5,7 @@ Triton picks a register layout per tile. Twice a kernel change made it lay a
 round trip per tile and 16,000 lines of PTX instead of 1,600, found only by timing on a GPU.
 These tests plan the fused path's CUDA launches (tiles, grids, arguments) for a few batches,
 compile each kernel for sm_90 with the argument specialization Triton's JIT would use (the
-bundled compiler; no GPU), and fail where a tile as wide as a vocabulary tile changes layout.
+bundled compiler, no GPU: ``harness/backends/triton/compile_info.py``), and fail where a tile as wide as a vocabulary tile changes layout.
 The interpreter, which the rest of the CPU suite runs, has no layouts, so the compiles run
 in a child process without it (this file is its script). The layouts are the installed
 Triton's (3.8 in CI); the GPU machines ran 3.6, whose layouts may differ.
@@ -24,23 +24,14 @@ torch = pytest.importorskip("torch", reason="the Triton backend needs torch")
 triton = pytest.importorskip("triton", reason="the Triton backend needs triton")
 
 import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from harness.backends.triton import fused as tf  # noqa: E402
-from harness.backends.triton import sampler as ts  # noqa: E402
+from harness.backends.triton.common import candidates_for  # noqa: E402
+from harness.backends.triton.compile_info import compile_sm90, cuda_launches  # noqa: E402
+from harness.backends.triton.tunables import DEFAULT_TUNABLES  # noqa: E402
 
 _ROOT = Path(__file__).resolve().parents[1]
 
-_SM90 = GPUTarget("cuda", 90, 32)
-_POINTER = {
-    torch.float32: "*fp32",
-    torch.float64: "*fp64",
-    torch.bfloat16: "*bf16",
-    torch.int64: "*i64",
-    torch.int32: "*i32",
-    torch.int8: "*i8",
-}
 _WIDE = 1024  # a tile at least this wide along one axis is a vocabulary tile (2048 on CUDA, 4096 in the fused statistics)
 # Known and cheap: the draw's exclusion mask (``_tile_weights``: ``resid & (cols == excl)``), a
 # 2048-bit tile that Triton 3.8 computes in another layout than the weights it masks.
@@ -52,30 +43,6 @@ def _ttgir_sm90(fn, args, num_warps: int) -> str:
     return compile_sm90(fn, args, num_warps).asm["ttgir"]
 
 
-def compile_sm90(fn, args, num_warps: int, maxnreg: int | None = None):
-    """``fn`` compiled for sm_90 as the JIT specializes ``args``: constexprs, None and ints
-    equal to 1 as constants; tensors 16-byte aligned (CUDA allocations are); ints that are
-    multiples of 16 marked so, unless the parameter is ``do_not_specialize``; registers capped
-    at ``maxnreg`` where given, as the launch asks."""
-    signature, constants, attrs = {}, {}, {}
-    for i, (param, a) in enumerate(zip(fn.params, args, strict=True)):
-        specialized = not param.do_not_specialize
-        if param.is_constexpr or a is None or (type(a) is int and a == 1 and specialized):
-            signature[param.name], constants[param.name] = "constexpr", a
-        elif isinstance(a, torch.Tensor):
-            signature[param.name], attrs[(i,)] = _POINTER[a.dtype], [["tt.divisibility", 16]]
-        elif isinstance(a, bool):
-            signature[param.name] = "i1"
-        elif isinstance(a, int):
-            signature[param.name] = "i32" if -(2**31) <= a < 2**31 else "i64"
-            if a % 16 == 0 and specialized:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[param.name] = "fp32"
-    options = {"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
-    return triton.compile(ASTSource(fn, signature, constants, attrs), target=_SM90, options=options)
-
-
 def _wide_layout_changes(ttgir: str) -> list[str]:
     """``convert_layout`` ops on a tensor with an axis of at least ``_WIDE`` elements."""
     changes = []
@@ -84,36 +51,6 @@ def _wide_layout_changes(ttgir: str) -> list[str]:
         if shape and max(int(d) for d in shape.group(1).rstrip("x").split("x")) >= _WIDE:
             changes.append(re.sub(r"\s*loc\(.*", "", line))
     return changes
-
-
-def cuda_launches(b: int, k: int, vocab: int, with_draft: bool, **flags) -> list:
-    """The fused path's launches (kernel, arguments, options) for a batch of ``b`` requests of
-    ``k`` drafts each, planned as on an H100 (programmatic dependent launch on), every method
-    present unless ``flags`` (``verify_fused``'s ``has_*``) say otherwise, nothing run."""
-    launches = []
-    on_cuda, launch, launch_each, pdl = tf._on_cuda, tf.launch, tf.launch_each, tf._pdl
-    tf._on_cuda = lambda tensor: True
-    tf._pdl = lambda device: True
-    tf.launch = lambda fn, grid, *args, **options: launches.append((fn, args, options))
-    tf.launch_each = lambda each, *args: launches.extend((fn, args, options) for fn, _, options in each)
-    i64 = dict(dtype=torch.int64)
-    try:
-        tf.verify_fused(
-            torch.zeros(b * (k + 1), vocab),
-            torch.zeros(b * k, vocab, dtype=torch.bfloat16) if with_draft else None,
-            torch.zeros(b * k, **i64),
-            torch.arange(b + 1, **i64) * k,
-            torch.ones(b, dtype=torch.float64),
-            torch.zeros(b, **i64),
-            torch.zeros(b * (k + 1), **i64),
-            torch.zeros(b, dtype=torch.int8),
-            torch.zeros(b, k, dtype=torch.float64),
-            k,
-            **flags,
-        )
-    finally:
-        tf._on_cuda, tf.launch, tf.launch_each, tf._pdl = on_cuda, launch, launch_each, pdl
-    return launches
 
 
 def _layout_changes(case: list) -> dict:
@@ -163,10 +100,10 @@ def test_fused_kernels_keep_one_layout_per_vocabulary_tile(b, k, vocab, with_dra
     block and synthetic code included) compiles for sm_90 without changing the layout of a vocabulary-wide tile,
     but for the known mask (``_KNOWN_WIDE_CHANGE``, a 2048-wide boolean tile)."""
     changes = _compiled_in_child([b, k, vocab, with_draft])
-    kernels = ["_fused_stats_kernel", "_fused_chain_kernel"] + (["_fused_candidate_kernel"] if ts.candidates_for(vocab, True) else [])
+    kernels = ["_fused_stats_kernel", "_fused_chain_kernel"] + (["_fused_candidate_kernel"] if candidates_for(vocab, True) else [])
     kernels += ["_fused_mass_kernel"]
     # One request per program at these vocabularies: B request blocks.
-    assert list(changes) == kernels + ([] if b <= tf._PICK_IN_MASS_MAX_BLOCKS else ["_fused_pick_kernel"])
+    assert list(changes) == kernels + ([] if b <= DEFAULT_TUNABLES.pick_in_mass_max_blocks else ["_fused_pick_kernel"])
     new = {name: [c for c in found if not _KNOWN_WIDE_CHANGE.search(c)] for name, found in changes.items()}
     new = {name: found for name, found in new.items() if found}
     assert not new, f"vocabulary tiles change layout: {new}"
@@ -196,7 +133,7 @@ def test_programmatic_dependent_launch_spares_the_first_kernel(b):
     ],
 )
 def test_flags_carry_the_chain_only_for_one_chain_request_a_block(b, vocab, flags, carried):
-    """The chain rides on the flags (``_flag_chain``: 1 + rejected + 2 n) only where the mass kernel
+    """The chain rides on the flags (``fused_plan.flag_chain``: 1 + rejected + 2 n) only where the mass kernel
     waits on flags (a pick kernel follows), a block holds one request and no strict or block request
     needs more of the chain than n."""
     launches = cuda_launches(b, 1, vocab, True, **flags)
@@ -209,7 +146,7 @@ def test_flags_carry_the_chain_only_for_one_chain_request_a_block(b, vocab, flag
 )
 def test_statistics_tiles_evict_first_between_its_draft_counts(b, k, told):
     """The statistics kernel loads its tiles ``evict_first`` for B K draft rows from
-    ``_STATS_EVICT_FIRST_MIN_DRAFTS`` to ``_STATS_EVICT_FIRST_MAX_DRAFTS`` (16 to 512), not
+    ``Tunables.stats_evict_first_min_drafts`` to ``stats_evict_first_max_drafts`` (16 to 512), not
     outside (the calls measured slower there: ``benchmarks/RESULTS.md#fused-path-ab``)."""
     stats = cuda_launches(b, k, 4096, True)[0]
     assert stats[0] is tf._fused_stats_kernel

@@ -152,12 +152,12 @@ def test_a_bad_out_is_refused_before_sampling(tmp_path, capsys, out):
 
 
 def test_a_failed_write_still_prints_the_summary_and_verdict(tmp_path, capsys, monkeypatch):
-    import harness.evidence.records
+    import harness.evidence.files
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(harness.evidence.records, "write_unit", full_disk)
+    monkeypatch.setattr(harness.evidence.files, "write_unit", full_disk)
     monkeypatch.setattr("harness.report.outputs.write_unit", full_disk)
     code, _ = cli(tmp_path, "--scenario", "greedy-ties")
     captured = capsys.readouterr()
@@ -167,10 +167,10 @@ def test_a_failed_write_still_prints_the_summary_and_verdict(tmp_path, capsys, m
 
 
 def test_outputs_are_one_unit_an_interrupted_write_leaves_the_previous_run(tmp_path, monkeypatch):
-    from harness.evidence import records
+    from harness.evidence import files
 
     out = tmp_path / "out"
-    records.write_unit(str(out), {"results.json": "old\n", "index.html": "old\n", "scenarios/a.json": "old\n"}, ("scenarios",))
+    files.write_unit(str(out), {"results.json": "old\n", "index.html": "old\n", "scenarios/a.json": "old\n"}, ("scenarios",))
     real_open = open
     writes = []
 
@@ -183,20 +183,20 @@ def test_outputs_are_one_unit_an_interrupted_write_leaves_the_previous_run(tmp_p
 
     monkeypatch.setattr("builtins.open", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        records.write_unit(str(out), {"results.json": "new\n", "index.html": "new\n", "scenarios/b.json": "new\n"}, ("scenarios",))
+        files.write_unit(str(out), {"results.json": "new\n", "index.html": "new\n", "scenarios/b.json": "new\n"}, ("scenarios",))
     monkeypatch.undo()
     assert sorted(os.listdir(out)) == ["index.html", "results.json", "scenarios"]  # no temporary file left
     assert {(out / f).read_text() for f in ("results.json", "index.html")} == {"old\n"}
-    records.write_unit(str(out), {"results.json": "new\n", "index.html": "new\n", "scenarios/b.json": "new\n"}, ("scenarios",))
+    files.write_unit(str(out), {"results.json": "new\n", "index.html": "new\n", "scenarios/b.json": "new\n"}, ("scenarios",))
     assert os.listdir(out / "scenarios") == ["b.json"]  # an earlier run's scenario file does not linger
 
 
 @pytest.mark.parametrize("rel", ["../x.json", "/tmp/x.json", "scenarios/../../x.json"])
 def test_no_output_path_leaves_the_output_folder(tmp_path, rel):
-    from harness.evidence import records
+    from harness.evidence import files
 
     with pytest.raises(ValueError, match="not inside the output folder"):
-        records.write_unit(str(tmp_path / "out"), {rel: "x"})
+        files.write_unit(str(tmp_path / "out"), {rel: "x"})
     assert not (tmp_path / "x.json").exists() and not (tmp_path / "out").exists()
 
 

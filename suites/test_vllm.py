@@ -165,7 +165,7 @@ import json, sys
 from harness.scenarios.catalog import catalog, find
 from harness.scenarios.profiles import get_profile
 from harness.run.runner import run
-from harness.scenarios.scenario import materialize, trials
+from harness.scenarios.materialize import materialize, trials
 from harness.backends.vllm.mrv2 import VllmMrv2Backend
 profile = get_profile("smoke")
 backend = VllmMrv2Backend()

@@ -1,7 +1,7 @@
 """Backend registry: built-in names, planted faults, and third-party dotted paths.
 
 ``reference``          the float64 NumPy sampler (``reference.sampler``).
-``triton``             the suite's own Triton sampler (``harness.backends.triton.sampler``).
+``triton``             the suite's own Triton sampler (``harness.backends.triton``).
 ``vllm-mrv2``          vLLM's Model Runner V2 ``rejection_sample`` (``harness.backends.vllm.mrv2``).
 ``vllm-v1``            vLLM's V1 ``rejection_sample`` (``harness.backends.vllm.v1``).
 ``fault:NAME``         the reference with one planted bug (``harness.backends.faults``).
@@ -9,7 +9,7 @@
 ``pkg.mod:Attr``       a third-party implementation: a class (instantiated with no
                        arguments), an object with ``sample(batch)``, or a plain function
                        ``sample(batch) -> (tokens, num_emitted)``. See ``harness.protocol``.
-``NAME@PATH``          any of these bound to a vLLM source tree (``harness.run.runner.split_source``).
+``NAME@PATH``          any of these bound to a vLLM source tree (``harness.backends.loading.split_source``).
 
 ``check_backend_name`` refuses a name none of these can be, before anything is sampled.
 """
@@ -50,7 +50,7 @@ class FunctionBackend:
 
 # Built-in names for backends whose modules import heavy packages only when loaded.
 NAMED = {
-    "triton": "harness.backends.triton.sampler:TritonBackend",
+    "triton": "harness.backends.triton.backend:TritonBackend",
     "vllm-mrv2": "harness.backends.vllm.mrv2:VllmMrv2Backend",
     "vllm-v1": "harness.backends.vllm.v1:VllmV1Backend",
 }

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""A backend name bound to what it runs on: ``NAME@PATH`` binds a vLLM source tree (in
+the worker process that loads it), and the backend must list the device."""
 
 import os
 

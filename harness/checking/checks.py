@@ -2,8 +2,8 @@
 
 Every check is planned before any sampling: its cells, pooling and trial count come from
 the exact law and the profile's (alpha, power, tv). ``evaluate`` turns a template's tally
-into a ``Verdict`` (statistic, p-value, detectable TV, effect size); Holm's correction
-across the run is applied later by the runner.
+into an ``Outcome`` (statistic, p-value, detectable TV, effect size). Exact checks decide
+their verdict there; statistical checks get theirs once, from the run's family rule (Holm).
 
 Checks
 ------
@@ -22,12 +22,13 @@ acceptance-rate[j] synthetic only: exact binomial test of step j's conditional a
 """
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import norm
 
-from harness.checking import stats
+from harness.checking import pooling, power, stats
+from harness.evidence.records import AcceptanceByStep, AcceptanceStep, Kind
 from harness.sampling.tally import TemplateTally
 from harness.scenarios.materialize import Template
 from harness.scenarios.profiles import Profile
@@ -42,9 +43,13 @@ _POOLER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pooling")  # Num
 
 
 @dataclass
-class Verdict:
-    kind: str  # "exact" | "gof" | "binomial" | "skipped"
-    passed: bool | None  # None: not evaluated (``message`` says why)
+class Outcome:
+    """What evaluating one check on one tally measured. An exact check's verdict is
+    ``deviated`` (any deviation from the law fails it); a statistical check has none here:
+    the run's family rule (``harness.checking.family``) decides it from ``p_value``."""
+
+    kind: Kind  # EXACT, GOF, BINOMIAL or SKIPPED
+    deviated: bool | None  # exact checks: whether any trial left the law; None otherwise
     statistic: float | None
     df: int | None
     p_value: float | None
@@ -55,7 +60,7 @@ class Verdict:
     tv_ci: tuple[float, float] | None
     message: str
     cells: list | None = None  # [(label, observed, expected)] for the largest pooled cells
-    extra: dict = field(default_factory=dict)  # chart data (per-step acceptance with CIs)
+    acceptance: AcceptanceByStep | None = None  # acceptance-length checks: per-step chart data
 
 
 @dataclass
@@ -63,7 +68,7 @@ class Check:
     name: str
     template: int
     design_trials: int
-    evaluate: object  # (TemplateTally, numpy Generator) -> Verdict
+    evaluate: object  # (TemplateTally, numpy Generator) -> Outcome
     detectable: object = None  # trials -> smallest TV detected at that many trials (before sampling)
     cells: object = None  # tally -> (observed, expected) counts over the check's cells (law checks)
     kind: str = "statistical"  # "exact" (any deviation fails), "statistical" (a level alpha test) or "skipped"
@@ -105,19 +110,19 @@ def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float =
     probs = np.asarray(expected_probs, dtype=np.float64).ravel()
     possible = int((probs > 0).sum())
     if possible > BACKGROUND_POOLING_CELLS:
-        df = max(stats.MAX_BINS - segments, 1)
-        n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
-        return n, _POOLER.submit(lambda: PooledCells.of(stats.Pooling(probs).capped(stats.MAX_BINS, n), probs)).result, df
-    n = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, max(possible - segments, 1), steps)
-    pooling = stats.Pooling(probs)  # sorted once for every round
+        df = max(pooling.MAX_BINS - segments, 1)
+        n = power.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
+        return n, _POOLER.submit(lambda: PooledCells.of(pooling.Pooling(probs).capped(pooling.MAX_BINS, n), probs)).result, df
+    n = power.trials_for_tv(profile.alpha, profile.power, profile.tv, max(possible - segments, 1), steps)
+    cells = pooling.Pooling(probs)  # sorted once for every round
     for _ in range(MAX_POOLING_ROUNDS):
-        threshold = pooling.cap(stats.MAX_BINS, n)
-        df = max(pooling.count(threshold) - segments, 1)
-        needed = stats.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
+        threshold = cells.cap(pooling.MAX_BINS, n)
+        df = max(cells.count(threshold) - segments, 1)
+        needed = power.trials_for_tv(profile.alpha, profile.power, profile.tv, df, steps)
         if needed >= n:
             break
         n = needed
-    pooled = PooledCells.of(pooling.bins(threshold), probs)
+    pooled = PooledCells.of(cells.bins(threshold), probs)
     return needed, lambda: pooled, df
 
 
@@ -125,7 +130,7 @@ def _cells_summary(label, observed, expected, bins, limit=12, pooled=None, impos
     """The ``limit`` most expected pooled cells, named by ``label(cell)`` (a function: large
     vocabularies have 10^6 cells, of which a dozen are named). ``pooled``: (observed,
     expected) per pooled cell, and ``impossible`` observations, when the test already summed them."""
-    o, e = pooled or (stats.pooled(observed, bins), stats.pooled(expected, bins))
+    o, e = pooled or (pooling.pooled(observed, bins), pooling.pooled(expected, bins))
     order = np.argsort(-e, kind="stable")
     shown = order[:limit]
     flag = np.zeros(e.size + 1, dtype=bool)  # by bin; the extra last entry is bin -1 (impossible cells)
@@ -156,14 +161,14 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
     exact = int(possible.sum()) <= n_seg  # every segment is a point mass
     design, get_pooled, df = _design_pooling(probs if reach is None else probs * reach[seg], profile, steps, n_seg)
     if exact:
-        design = stats.exact_trials_for_rate(profile.power, profile.tv)
+        design = power.exact_trials_for_rate(profile.power, profile.tv)
 
     def cells(tally: TemplateTally):
         observed = np.asarray(source(tally), dtype=np.float64).ravel()
         sizes = np.bincount(seg, weights=observed, minlength=int(seg.max(initial=0)) + 1)
         return observed, probs * sizes[seg]
 
-    def evaluate(tally: TemplateTally, rng) -> Verdict:
+    def evaluate(tally: TemplateTally, rng) -> Outcome:
         if segments is None and reach is None and not exact:
             return evaluate_one_multinomial(tally, rng)
         observed, expected = cells(tally)
@@ -171,9 +176,9 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
         trials = int(observed.sum() if reach is None else observed[seg == 0].sum())  # trials reaching step 0
         if exact:
             bad = int(observed[probs == 0].sum())
-            return Verdict(
-                "exact", bad == 0, float(bad), None, 1.0 if bad == 0 else 0.0, 0.0, trials,
-                stats.exact_detectable_rate(profile.power, trials),
+            return Outcome(
+                Kind.EXACT, bad > 0, float(bad), None, 1.0 if bad == 0 else 0.0, 0.0, trials,
+                power.exact_detectable_rate(profile.power, trials),
                 bad / max(trials, 1), None,
                 f"{bad} of {trials} trials left the deterministic outcome" if bad else "every trial gave the deterministic outcome",
                 _cells_summary(label, observed, expected, bins),
@@ -181,7 +186,7 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
         r = stats.chi_square_test(observed, expected, bins, seg, rng)
         return gof_verdict(r, trials, _cells_summary(label, observed, expected, bins, pooled=r.pooled))
 
-    def evaluate_one_multinomial(tally: TemplateTally, rng) -> Verdict:
+    def evaluate_one_multinomial(tally: TemplateTally, rng) -> Outcome:
         """``evaluate`` without a per-cell expected array: the tally pooled by one ``bincount``
         and tested against the design's pooled probabilities (10^6 cells at large V)."""
         observed = np.asarray(source(tally)).ravel()
@@ -191,18 +196,18 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
         r = stats.chi_square_pooled(o, pooled.probs * trials, impossible, rng)
         return gof_verdict(r, trials, _cells_summary(label, None, None, pooled.bins, pooled=r.pooled, impossible=impossible))
 
-    def gof_verdict(r: stats.GofResult, trials: int, cells_summary) -> Verdict:
-        detect = stats.detectable_tv(profile.alpha, profile.power, df, trials, steps)
+    def gof_verdict(r: stats.GofResult, trials: int, cells_summary) -> Outcome:
+        detect = power.detectable_tv(profile.alpha, profile.power, df, trials, steps)
         msg = f"X2={r.statistic:.2f} df={r.df} p={r.p_value:.3g}"
         if r.impossible:
             msg = f"{r.impossible} observation(s) in zero-probability cells; " + msg
-        return Verdict(
-            "gof", r.p_value > profile.alpha, r.statistic, r.df, r.p_value, profile.alpha, trials,
+        return Outcome(
+            Kind.GOF, None, r.statistic, r.df, r.p_value, profile.alpha, trials,
             detect, r.tv_estimate, r.tv_ci, msg, cells_summary,
         )  # fmt: skip
 
     def detectable(n):
-        return stats.exact_detectable_rate(profile.power, n) if exact else stats.detectable_tv(profile.alpha, profile.power, df, n, steps)
+        return power.exact_detectable_rate(profile.power, n) if exact else power.detectable_tv(profile.alpha, profile.power, df, n, steps)
 
     return Check(name, template, design, evaluate, detectable, cells, "exact" if exact else "statistical")
 
@@ -229,7 +234,7 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
         if t.spec.degenerate:
             continue  # NaN / all-masked rows: engines owe only well-formed, in-vocabulary output
         target = t.target_probs()[: d_eff + 1]
-        visible = t.proposal_probs()[:d_eff] if scenario.draft_probs else None
+        visible = t.visible_draft_probs()[:d_eff] if scenario.draft_probs else None
         rates = t.rates[:d_eff] if t.method is Method.SYNTHETIC else None
         if t.method is Method.SYNTHETIC:
             r = synth.conditional_to_unconditional(rates)
@@ -269,56 +274,56 @@ def _needs_trials(check: Check) -> Check:
     observations has p = 1 and would pass whatever the backend emitted."""
     inner = check.evaluate
 
-    def evaluate(tally: TemplateTally, rng) -> Verdict:
-        verdict = inner(tally, rng)
-        if verdict.passed is None or verdict.trials > 0:
-            return verdict
+    def evaluate(tally: TemplateTally, rng) -> Outcome:
+        outcome = inner(tally, rng)
+        if outcome.kind is Kind.SKIPPED or outcome.trials > 0:
+            return outcome
         why = "not evaluated: no valid trial reached this check"
         if tally.violations:
             why += f" ({tally.violations} of {tally.trials} trials malformed, see structure)"
-        return Verdict("skipped", None, None, None, None, 0.0, 0, float("nan"), None, None, why)
+        return Outcome(Kind.SKIPPED, None, None, None, None, 0.0, 0, float("nan"), None, None, why)
 
     check.evaluate = evaluate
     return check
 
 
 def _structure_check(i, profile) -> Check:
-    design = stats.exact_trials_for_rate(profile.power, profile.tv)
+    design = power.exact_trials_for_rate(profile.power, profile.tv)
 
-    def evaluate(tally: TemplateTally, rng) -> Verdict:
+    def evaluate(tally: TemplateTally, rng) -> Outcome:
         bad, n = tally.violations, tally.trials
         msg = "every trial well-formed" if not bad else f"{bad} of {n} trials malformed; first: {tally.example}"
-        return Verdict(
-            "exact",
-            bad == 0,
+        return Outcome(
+            Kind.EXACT,
+            bad > 0,
             float(bad),
             None,
             1.0 if not bad else 0.0,
             0.0,
             n,
-            stats.exact_detectable_rate(profile.power, n),
+            power.exact_detectable_rate(profile.power, n),
             bad / max(n, 1),
             None,
             msg,
         )
 
-    return Check("structure", i, design, evaluate, lambda n: stats.exact_detectable_rate(profile.power, n), kind="exact")
+    return Check("structure", i, design, evaluate, lambda n: power.exact_detectable_rate(profile.power, n), kind="exact")
 
 
 def _length_check(i, length_law, profile) -> Check:
     check = _gof("acceptance-length", i, length_law, lambda cell: f"accepted={cell}", profile, _lengths)
     inner = check.evaluate
 
-    def evaluate(tally: TemplateTally, rng) -> Verdict:
-        verdict = inner(tally, rng)
-        verdict.extra = acceptance_by_step(_lengths(tally), length_law)
-        return verdict
+    def evaluate(tally: TemplateTally, rng) -> Outcome:
+        outcome = inner(tally, rng)
+        outcome.acceptance = acceptance_by_step(_lengths(tally), length_law)
+        return outcome
 
     check.evaluate = evaluate
     return check
 
 
-def acceptance_by_step(length_counts, length_law) -> dict:
+def acceptance_by_step(length_counts, length_law) -> AcceptanceByStep:
     """Per-step conditional acceptance, observed (with a 95% Wilson interval) and exact:
     ``P(N >= j+1 | N >= j)`` from the accepted-count law."""
     counts = np.asarray(length_counts, dtype=np.float64)
@@ -331,36 +336,33 @@ def acceptance_by_step(length_counts, length_law) -> dict:
         if tail[j] <= 0 or n == 0:
             continue
         lo, hi = stats.wilson_interval(k, n)
-        steps.append(
-            {"step": j, "reached": n, "accepted": k, "observed": k / n, "lo": lo, "hi": hi, "expected": float(tail[j + 1] / tail[j])}
-        )
-    return {"length_observed": counts.tolist(), "length_expected": law.tolist(), "acceptance": steps}
+        steps.append(AcceptanceStep(j, n, k, k / n, lo, hi, float(tail[j + 1] / tail[j])))
+    return AcceptanceByStep(tuple(counts.tolist()), tuple(law.tolist()), tuple(steps))
 
 
 def _rate_check(i, j, rate, reach, profile) -> Check:
-    needed = stats.binomial_trials(profile.alpha, profile.power, rate, profile.tv)
-    design = stats.trials_to_reach(needed, reach, profile.alpha)
+    needed = power.binomial_trials(profile.alpha, profile.power, rate, profile.tv)
+    design = power.trials_to_reach(needed, reach, profile.alpha)
 
-    def evaluate(tally: TemplateTally, rng) -> Verdict:
+    def evaluate(tally: TemplateTally, rng) -> Outcome:
         n, k = int(tally.reached()[j]), int(tally.accepted()[j])
         p = stats.binomial_test(k, n, rate)
-        detect = stats.binomial_detectable(profile.alpha, profile.power, rate, n)
+        detect = power.binomial_detectable(profile.alpha, profile.power, rate, n)
         observed = k / n if n else float("nan")
         msg = f"accepted {k}/{n} = {observed:.5f} vs closed form {rate:.5f}; p={p:.3g}"
-        passed = p > profile.alpha
-        return Verdict("binomial", passed, float(k), None, p, profile.alpha, n, detect, abs(observed - rate) if n else None, None, msg)
+        return Outcome(Kind.BINOMIAL, None, float(k), None, p, profile.alpha, n, detect, abs(observed - rate) if n else None, None, msg)
 
     def detectable(n):  # at the expected number of trials reaching step j, less its 1 - alpha shortfall
         z = float(norm.isf(profile.alpha))
         reached = n * reach - z * (n * reach * (1 - reach)) ** 0.5
-        return stats.binomial_detectable(profile.alpha, profile.power, rate, int(max(reached, 0)))
+        return power.binomial_detectable(profile.alpha, profile.power, rate, int(max(reached, 0)))
 
     return Check(f"acceptance-rate[{j}]", i, design, evaluate, detectable)
 
 
 def _skipped(name, i, reason) -> Check:
-    def evaluate(tally, rng) -> Verdict:
-        return Verdict("skipped", None, None, None, None, 0.0, tally.trials, float("nan"), None, None, reason)
+    def evaluate(tally, rng) -> Outcome:
+        return Outcome(Kind.SKIPPED, None, None, None, None, 0.0, tally.trials, float("nan"), None, None, reason)
 
     return Check(name, i, 0, evaluate, kind="skipped")
 

@@ -1,171 +1,56 @@
-"""Calibrated statistics: goodness of fit, exact binomial tests, power, Holm.
+"""Calibrated statistics: goodness of fit, exact binomial tests, Holm.
 
-Every distribution check comes as a triple (TensorFlow Probability's habit): the test,
-the smallest discrepancy it detects at a given number of trials, and the number of
-trials needed for a discrepancy. Discrepancy is total variation (TV) between the observed
-law and the expected one, on the check's cells after pooling.
+Every distribution check comes as a triple (TensorFlow Probability's habit): the test
+(here), the smallest discrepancy it detects at a given number of trials, and the number
+of trials needed for a discrepancy (``power.py``). Discrepancy is total variation (TV)
+between the observed law and the expected one, on the check's cells after pooling
+(``pooling.py``).
 
 Goodness of fit is Pearson's chi-square (ddof = 0). The G-test was measured first and
 rejected: at the small expected counts pooling allows (>= 5 per cell) its p-values are
 measurably non-uniform (KS p < 1e-3 over 9,000 null checks) while Pearson's are not.
-
-Guarantee: under the chi-square approximation, a Pearson test at level ``alpha`` with ``df``
-degrees of freedom detects, with probability at least ``power``, any alternative whose TV
-from the null (on the pooled cells) is at least ``eps`` once
-``n >= lambda(alpha, power, df) / (4 eps^2)``, where ``lambda`` is the noncentrality at
-which a noncentral chi-square exceeds the level-``alpha`` critical value with probability
-``power``. This is because Cohen's ``w = sqrt(sum (p1 - p0)^2 / p0) >= 2 TV``
-(Cauchy-Schwarz). For product-multinomial checks (one multinomial per draft step, over the
-trials that reach it) the bound on the per-trial path law's TV carries a factor ``steps``,
-the expected number of steps a trial visits: ``n >= lambda * steps / (4 eps^2)``.
-
-Cells are pooled from the expected probabilities only, never from the observed counts.
 A cell of expected probability 0 is never pooled: one observation there is an impossible
 outcome and fails the check outright (p-value 0).
 """
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 from scipy import stats
-from scipy.optimize import brentq
 
-MIN_EXPECTED = 5.0  # per pooled cell, for the chi-square approximation
-MAX_BINS = 100  # pooled cells per check: bounds df, so large vocabularies do not inflate trial counts
-
-
-@lru_cache(maxsize=4096)
-def noncentrality(alpha: float, power: float, df: int) -> float:
-    """The noncentrality at which a level-``alpha`` chi-square test has ``power``."""
-    _check_rates(alpha, power)
-    if df < 1:
-        raise ValueError(f"df: expected at least 1 degree of freedom, got {df}")
-    crit = stats.chi2.isf(alpha, df)
-    hi = 1.0
-    while stats.ncx2.sf(crit, df, hi) < power:
-        hi *= 2.0
-    return brentq(lambda lam: stats.ncx2.sf(crit, df, lam) - power, 0.0, hi, xtol=1e-10)
-
-
-def _check_rates(alpha: float, power: float) -> None:
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha: expected a false-alarm rate in (0, 1), got {alpha!r}")
-    if not 0 < power < 1:
-        raise ValueError(f"power: expected a power in (0, 1), got {power!r}")
-
-
-def trials_for_tv(alpha: float, power: float, tv: float, df: int, steps: float = 1.0) -> int:
-    """Trials a chi-square test needs to detect every alternative with TV >= ``tv``."""
-    if not 0 < tv <= 1:
-        raise ValueError(f"tv: expected a total-variation distance in (0, 1], got {tv!r}")
-    return math.ceil(noncentrality(alpha, power, df) * steps / (4.0 * tv * tv))
-
-
-def detectable_tv(alpha: float, power: float, df: int, trials: int, steps: float = 1.0) -> float:
-    """The smallest TV a chi-square test with ``trials`` trials detects with probability ``power``."""
-    if trials <= 0:
-        return math.inf
-    return math.sqrt(noncentrality(alpha, power, df) * steps / (4.0 * trials))
-
-
-def exact_detectable_rate(power: float, trials: int) -> float:
-    """Smallest violation rate an exact check (any violation fails) catches with ``power``."""
-    if trials <= 0:
-        return 1.0
-    return 1.0 - (1.0 - power) ** (1.0 / trials)
-
-
-def exact_trials_for_rate(power: float, rate: float) -> int:
-    return math.ceil(math.log(1.0 - power) / math.log1p(-rate))
-
-
-# --- pooling -------------------------------------------------------------------------------
-def pool_cells(expected: np.ndarray, min_expected: float = MIN_EXPECTED) -> np.ndarray:
-    """Bin id per cell, from expected counts alone; -1 marks impossible (zero) cells.
-
-    Cells with at least ``min_expected`` stay alone; the rest, in order of decreasing
-    expectation, are merged into bins of at least ``min_expected`` each; a final short bin
-    joins the previous one.
-    """
-    pooling = Pooling(expected)
-    return pooling.bins(min_expected)
-
-
-class Pooling:
-    """Cells sorted once by decreasing expectation, pooled at any threshold: a large
-    vocabulary has 10^6 cells and ``capped`` tries ~60 thresholds. ``expected`` may be
-    probabilities: ``capped(max_bins, trials)`` pools the expected counts ``trials * p``."""
-
-    def __init__(self, expected):
-        self.expected = np.asarray(expected, dtype=np.float64).ravel()
-        possible = np.flatnonzero(self.expected > 0)  # most cells are impossible at large V: not sorted
-        self.order = possible[np.argsort(-self.expected[possible], kind="stable")]
-        self.values = self.expected[self.order]
-        self.running = np.cumsum(self.values)
-
-    def _edges(self, min_expected: float, limit: int | None = None) -> tuple[int, list[int]]:
-        """(cells alone, sorted positions where each pooled bin closes): a bin closes where
-        the running sum since the previous one reaches ``min_expected`` (one binary search
-        per bin, not a Python step per cell). Stops early past ``limit`` bins."""
-        alone = int(np.searchsorted(-self.values, -min_expected, side="right"))
-        ends, base = [], self.running[alone - 1] if alone else 0.0
-        while limit is None or alone + len(ends) <= limit:
-            end = int(np.searchsorted(self.running, base + min_expected, side="left"))
-            if end >= self.values.size:
-                return alone, ends
-            ends.append(end)
-            base = self.running[end]
-        return alone, ends
-
-    def count(self, min_expected: float, limit: int | None = None) -> int:
-        """Bins at this threshold (any number above ``limit`` when it stops early)."""
-        alone, ends = self._edges(min_expected, limit)
-        if alone + len(ends) == 0 and self.values.size:
-            return 1  # every possible cell in one short bin
-        return alone + len(ends)
-
-    def cap(self, max_bins: int = MAX_BINS, trials: float = 1.0) -> float:
-        """The smallest per-bin threshold on ``expected`` (the expected count ``trials *
-        expected`` at least MIN_EXPECTED) that leaves at most ``max_bins`` bins, to within a
-        relative 1e-4 (geometric bisection: ~20 rounds where halving would take 60)."""
-        lo = MIN_EXPECTED / trials  # thresholds on ``expected``: a count m is m / trials of it
-        if self.count(lo, max_bins) <= max_bins:
-            return lo
-        hi = max(float(np.sum(self.expected)), lo)
-        while hi > lo * (1 + 1e-4):  # fewer bins as the threshold grows
-            mid = math.sqrt(lo * hi)
-            if self.count(mid, max_bins) <= max_bins:
-                hi = mid
-            else:
-                lo = mid
-        return hi
-
-    def capped(self, max_bins: int = MAX_BINS, trials: float = 1.0) -> np.ndarray:
-        """Bins at ``cap(max_bins, trials)``."""
-        return self.bins(self.cap(max_bins, trials))
-
-    def bins(self, min_expected: float) -> np.ndarray:
-        alone, ends = self._edges(min_expected)
-        out = np.full(self.expected.size, -1, dtype=np.int64)
-        out[self.order[:alone]] = np.arange(alone)
-        rest = np.arange(alone, self.values.size)
-        pooled_bin = alone + np.searchsorted(np.asarray(ends, dtype=np.int64), rest, side="left")
-        # A final short bin joins the previous one (bin 0 when there is none).
-        out[self.order[alone:]] = np.minimum(pooled_bin, max(alone + len(ends) - 1, 0))
-        return out
-
-
-def pooled(values: np.ndarray, bins: np.ndarray) -> np.ndarray:
-    values = np.asarray(values, dtype=np.float64).ravel()
-    keep = bins >= 0
-    return np.bincount(bins[keep], weights=values[keep], minlength=int(bins.max(initial=-1)) + 1)
+from harness.checking.pooling import pooled
 
 
 # --- tests ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GofResult:
+    """The outcome of a chi-square goodness-of-fit test.
+
+    Attributes
+    ----------
+    statistic : float
+        Pearson's ``X^2 = sum (o - e)^2 / e`` over the pooled bins of positive expectation.
+    df : int
+        Degrees of freedom: those bins less the number of segments, at least 1.
+    p_value : float
+        ``P(chi2(df) >= statistic)``; 0 when any observation fell in an impossible cell.
+    trials : int
+        Observations in all, ``impossible`` included.
+    cells : int
+        Pooled bins of positive expectation.
+    impossible : int
+        Observations in zero-probability cells.
+    tv_estimate : float
+        Plug-in total variation between the observed and expected counts, per observation
+        (per trial for one multinomial).
+    tv_ci : tuple of (float, float), or None
+        95% multinomial-bootstrap interval of ``tv_estimate`` (biased upward: an upper-side
+        effect size), None when it was not computed.
+    pooled : tuple of (ndarray, ndarray), or None
+        ``(observed, expected)`` float64 counts per pooled bin, shape ``(bins,)`` each.
+    """
+
     statistic: float
     df: int
     p_value: float
@@ -183,6 +68,33 @@ def chi_square_test(observed, expected, bins, segments=None, rng=None, with_ci=T
     ``segments`` (one id per cell) splits the cells into independent multinomials whose
     sizes are fixed by conditioning (product-multinomial); ``expected`` must already be
     scaled to each segment's observed size. ``df = pooled cells - number of segments``.
+
+    Without ``segments`` and with ``with_ci``, this is ``chi_square_pooled`` of the pooled
+    counts (effect size over the bins). Otherwise the effect size is taken over the raw
+    cells: with ``with_ci``, with a bootstrap interval resampled within each segment;
+    without, the plug-in TV alone.
+
+    Parameters
+    ----------
+    observed : array_like of float
+        Observed count of every cell, any shape (read flattened).
+    expected : array_like of float
+        Expected count of every cell, same number of cells as ``observed``.
+    bins : ndarray of int, shape (cells,)
+        Bin id of every cell (``pool_cells``, ``Pooling.bins``), -1 for cells of expected
+        probability 0 (an observation there makes the p-value 0).
+    segments : array_like of int, shape (cells,), or None, default None
+        Segment id of every cell; None: one multinomial.
+    rng : numpy.random.Generator or None, default None
+        Generator for the bootstrap interval; None uses ``np.random.default_rng(0)``.
+    with_ci : bool, default True
+        Whether to compute the bootstrap interval ``tv_ci``.
+
+    Returns
+    -------
+    GofResult
+        The statistic, df, p-value and effect size, with the pooled ``(observed,
+        expected)`` counts; ``tv_ci`` None when ``with_ci`` is False.
     """
     observed = np.asarray(observed, dtype=np.float64).ravel()
     expected = np.asarray(expected, dtype=np.float64).ravel()
@@ -205,7 +117,25 @@ def chi_square_pooled(o, e, impossible: int = 0, rng=None) -> GofResult:
     expected per bin, ``impossible`` observations outside every bin (zero-probability
     cells, counted as one more cell of the effect size). The effect size is taken over the
     bins: at V = 152k the raw cells' plug-in TV is mostly sampling noise, and resampling
-    10^5 cells takes seconds."""
+    10^5 cells takes seconds.
+
+    Parameters
+    ----------
+    o : ndarray of float, shape (bins,)
+        Observed count per bin.
+    e : ndarray of float, shape (bins,)
+        Expected count per bin, summing to the trials observed in the bins.
+    impossible : int, default 0
+        Observations in zero-probability cells; any makes the p-value 0.
+    rng : numpy.random.Generator or None, default None
+        Generator for the bootstrap interval; None uses ``np.random.default_rng(0)``.
+
+    Returns
+    -------
+    GofResult
+        With ``df = `` bins of positive expectation ``- 1`` (at least 1), a bootstrap
+        ``tv_ci``, and ``pooled = (o, e)``.
+    """
     r = _pearson(o, e, impossible, int((e > 0).any()))
     tv, ci = _tv_with_ci(np.append(o, float(impossible)), np.append(e, 0.0), np.zeros(o.size + 1, dtype=np.int64), rng)
     return GofResult(r.statistic, r.df, r.p_value, r.trials, r.cells, impossible, tv, ci, (o, e))
@@ -244,7 +174,22 @@ def _tv_with_ci(observed, expected, seg, rng, reps: int = 200):
 
 
 def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial rate (for display next to exact tests)."""
+    """Wilson score interval for a binomial rate (for display next to exact tests).
+
+    Parameters
+    ----------
+    successes : int
+        Successes observed, in ``[0, trials]``.
+    trials : int
+        Trials observed.
+    confidence : float, default 0.95
+        The interval's two-sided coverage, in ``(0, 1)``.
+
+    Returns
+    -------
+    lo, hi : float
+        The interval, clipped to ``[0, 1]``; ``(0.0, 1.0)`` when ``trials <= 0``.
+    """
     if trials <= 0:
         return 0.0, 1.0
     z = float(stats.norm.isf((1 - confidence) / 2))
@@ -255,7 +200,29 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
 
 
 def binomial_test(successes: int, trials: int, rate: float) -> float:
-    """Two-sided exact binomial p-value; a deterministic rate makes any deviation p = 0."""
+    """Two-sided exact binomial p-value; a deterministic rate makes any deviation p = 0.
+
+    Parameters
+    ----------
+    successes : int
+        Successes observed, in ``[0, trials]``.
+    trials : int
+        Trials observed.
+    rate : float
+        The success rate under the null, in ``[0, 1]``.
+
+    Returns
+    -------
+    float
+        ``scipy.stats.binomtest``'s two-sided p-value; 1.0 when ``trials == 0``; for
+        ``rate`` 0 or 1, 1.0 if ``successes == rate * trials`` else 0.0.
+
+    Raises
+    ------
+    ValueError
+        From ``scipy.stats.binomtest``, when ``trials > 0`` and ``rate`` is outside
+        ``[0, 1]``, or ``0 < rate < 1`` and ``successes`` is outside ``[0, trials]``.
+    """
     if trials == 0:
         return 1.0
     if rate in (0.0, 1.0):
@@ -263,47 +230,28 @@ def binomial_test(successes: int, trials: int, rate: float) -> float:
     return float(stats.binomtest(successes, trials, rate).pvalue)
 
 
-def binomial_detectable(alpha: float, power: float, rate: float, trials: int) -> float:
-    """Smallest shift of a Bernoulli rate (= its TV) the two-sided test detects."""
-    if trials <= 0:
-        return math.inf
-    if rate in (0.0, 1.0):
-        return exact_detectable_rate(power, trials)
-    za, zb = stats.norm.isf(alpha / 2), stats.norm.isf(1 - power)
-    delta = (za + zb) * math.sqrt(rate * (1 - rate) / trials)
-    for _ in range(20):  # the alternative's own variance, on the worse side
-        worst = max(v * (1 - v) for v in (min(rate + delta, 1.0), max(rate - delta, 0.0)))
-        delta = (za * math.sqrt(rate * (1 - rate)) + zb * math.sqrt(worst)) / math.sqrt(trials)
-    return delta
-
-
-def binomial_trials(alpha: float, power: float, rate: float, shift: float) -> int:
-    """Trials for the two-sided binomial test to detect a rate shift of ``shift``."""
-    if rate in (0.0, 1.0):
-        return exact_trials_for_rate(power, shift)
-    n = 1
-    while binomial_detectable(alpha, power, rate, n) > shift:
-        n *= 2
-    lo, hi = n // 2, n
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if binomial_detectable(alpha, power, rate, mid) <= shift else (mid, hi)
-    return hi
-
-
-def trials_to_reach(needed: int, reach: float, miss_rate: float) -> int:
-    """Trials so that, with probability ``1 - miss_rate``, at least ``needed`` of them reach a
-    step each trial reaches with probability ``reach`` (normal bound on the binomial)."""
-    if reach >= 1.0:
-        return needed
-    z = float(stats.norm.isf(miss_rate))
-    spread = z * math.sqrt(reach * (1 - reach))
-    root = (spread + math.sqrt(spread * spread + 4 * reach * needed)) / (2 * reach)
-    return math.ceil(root * root)
-
-
 def holm(p_values, family_alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """Holm's step-down: (rejected mask, per-check threshold it was compared with)."""
+    """Holm's step-down: (rejected mask, per-check threshold it was compared with).
+
+    The ``k``-th smallest p-value (``k = 0, 1, ...``, ties in input order) is compared with
+    ``family_alpha / (m - k)``; checks are rejected in that order until the first that is
+    not, controlling the family-wise error rate at ``family_alpha``.
+
+    Parameters
+    ----------
+    p_values : array_like of float, shape (m,)
+        One p-value per check.
+    family_alpha : float
+        The family-wise false-alarm rate.
+
+    Returns
+    -------
+    rejected : ndarray of bool, shape (m,)
+        Whether each check is rejected.
+    thresholds : ndarray of float64, shape (m,)
+        The threshold each check's p-value was compared with (given for every check, those
+        past the first non-rejection included).
+    """
     p = np.asarray(p_values, dtype=np.float64)
     m = p.size
     order = np.argsort(p, kind="stable")

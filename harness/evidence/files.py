@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Writing outputs so that nothing half-written is ever seen: atomic files, a run's outputs
+moved into place as one unit with signals held, and the output folder checked first."""
 
 import json
 import os

@@ -19,10 +19,16 @@ import time
 import urllib.parse
 from contextlib import closing
 
-APPLICATION_ID = 0x53445648  # "SDVH" in the header's application_id: a specdec-verify history
-SCHEMA_VERSION = 1  # the header's user_version; a reader refuses a higher one
+from harness.evidence.records import columns as record_columns
 
-SCHEMA = """
+APPLICATION_ID = 0x53445648  # "SDVH" in the header's application_id: a specdec-verify history
+SCHEMA_VERSION = 2  # the header's user_version; a reader refuses a higher one, an append upgrades a lower one
+
+# The records table holds every field of ``CheckRecord``, as ``records.columns`` declares it:
+# a field added to the record is a column of the history, with no second declaration here.
+RECORD_COLUMNS = record_columns()
+_JSON_COLUMNS = {name for name, kind, _ in RECORD_COLUMNS if kind == "JSON"}
+SCHEMA = f"""
 CREATE TABLE runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     created TEXT NOT NULL,
@@ -36,23 +42,27 @@ CREATE TABLE runs (
 );
 CREATE TABLE records (
     run_id INTEGER NOT NULL REFERENCES runs(id),
-    backend TEXT NOT NULL,
-    scenario TEXT NOT NULL,
-    template INTEGER NOT NULL,
-    check_name TEXT NOT NULL,
-    verdict TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    p_value REAL,
-    alpha REAL,
-    trials INTEGER,
-    detectable_tv REAL,
-    tv_estimate REAL,
-    tv_lo REAL,
-    tv_hi REAL,
-    message TEXT,
-    reproducer TEXT
+    {", ".join(f'"{name}" {"TEXT" if kind == "JSON" else kind}{" NOT NULL" * required}' for name, kind, required in RECORD_COLUMNS)}
 );
-CREATE INDEX records_key ON records(backend, scenario, template, check_name);
+CREATE INDEX records_key ON records(backend, scenario, template, "check");
+"""
+# Version 1 (and the unmarked histories before it) stored these record columns; an append
+# upgrades such a file to the current schema in the append's own transaction.
+_V1_RECORD_COLUMNS = [
+    "run_id", "backend", "scenario", "template", "check_name", "verdict", "kind", "p_value", "alpha", "trials",
+    "detectable_tv", "tv_estimate", "tv_lo", "tv_hi", "message", "reproducer",
+]  # fmt: skip
+_V1_UPGRADE = """
+ALTER TABLE records RENAME TO records_v1;
+{create_records};
+INSERT INTO records (run_id, backend, scenario, template, "check", verdict, kind, message, reproducer, p_value, alpha,
+    trials, detectable_tv, tv_estimate, tv_ci)
+    SELECT run_id, backend, scenario, template, check_name, verdict, kind, coalesce(message, ''), coalesce(reproducer, ''),
+        p_value, alpha, trials, detectable_tv, tv_estimate,
+        CASE WHEN tv_lo IS NULL OR tv_hi IS NULL THEN NULL ELSE json_array(tv_lo, tv_hi) END
+    FROM records_v1 ORDER BY rowid;
+DROP TABLE records_v1;
+CREATE INDEX records_key ON records(backend, scenario, template, "check")
 """
 
 _MAGIC = b"SQLite format 3\x00"
@@ -112,7 +122,24 @@ def load(path: str) -> tuple[list[dict], list[dict]]:
             run["environment"] = json.loads(run["environment"])
         except (TypeError, json.JSONDecodeError):
             raise HistoryError(f"history {path}: run {run['id']} has a corrupt environment field") from None
-    return runs, records
+    return runs, [_record_fields(r, path) for r in records]
+
+
+def _record_fields(row: dict, path: str) -> dict:
+    """A stored record as ``CheckRecord``'s fields (a version-1 file's columns renamed, its
+    fields added since absent)."""
+    if "check_name" in row:  # version 1, read without upgrading: the file is not written
+        lo, hi = row.pop("tv_lo"), row.pop("tv_hi")
+        row["check"] = row.pop("check_name")
+        row["tv_ci"] = None if lo is None or hi is None else [lo, hi]
+        return {"run_id": row["run_id"], **{name: row.get(name) for name, _, _ in RECORD_COLUMNS}}
+    for name in _JSON_COLUMNS:
+        if row[name] is not None:
+            try:
+                row[name] = json.loads(row[name])
+            except json.JSONDecodeError:
+                raise HistoryError(f"history {path}: run {row['run_id']} has a corrupt {name!r} field") from None
+    return row
 
 
 def read_run_document(path: str) -> dict:
@@ -194,30 +221,23 @@ def _rows(doc: dict, label: str | None) -> tuple[tuple, list[tuple]]:
         json.dumps(env, sort_keys=True),
         doc.get("command"),
     )
-    records = [
-        (
-            r["backend"],
-            r["scenario"],
-            r["template"],
-            r["check"],
-            r["verdict"],
-            r["kind"],
-            _num(r.get("p_value")),
-            _num(r.get("alpha")),
-            r.get("trials"),
-            _num(r.get("detectable_tv")),
-            _num(r.get("tv_estimate")),
-            *(_num(x) for x in (r.get("tv_ci") or (None, None))),
-            r.get("message"),
-            r.get("reproducer"),
-        )  # fmt: skip
-        for r in doc["records"]
-    ]
-    return run, records
+    rows = [tuple(_cell(r.get(name), kind) for name, kind, _ in RECORD_COLUMNS) for r in doc["records"]]
+    return run, rows
+
+
+def _cell(value, kind: str):
+    """A record field as the history stores it (``kind``: its column's declared type)."""
+    if kind == "JSON":
+        return None if value is None else json.dumps(value, sort_keys=True)
+    if kind == "REAL":
+        return _num(value)
+    return value
 
 
 def _num(x):
-    return float(x) if isinstance(x, (int, float)) else None
+    if isinstance(x, str) and x in ("inf", "-inf"):  # the run document writes infinities as text
+        return float(x)
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
 def _appendable(path: str) -> bool:
@@ -339,7 +359,8 @@ def _open_read(path: str, immutable: bool) -> sqlite3.Connection:
 
 
 def _kind(conn: sqlite3.Connection, path: str) -> str:
-    """The history's kind: current, legacy (written before the marker) or new (no tables yet);
+    """The history's kind: current, v1 (an older schema an append upgrades), legacy (version
+    1's tables, written before the marker) or new (no tables yet);
     raises for a database that is no history this code can read."""
     app = conn.execute("PRAGMA application_id").fetchone()[0]
     version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -350,13 +371,15 @@ def _kind(conn: sqlite3.Connection, path: str) -> str:
                 f"history {path}: a history of a newer schema (version {version}; this harness reads version {SCHEMA_VERSION}): "
                 "update specdec-verify to use it"
             )
-        if version != SCHEMA_VERSION or not {"runs", "records"} <= set(columns):
+        if version == 1 and columns == _v1_columns():
+            return "v1"
+        if version != SCHEMA_VERSION or columns != _expected_columns():
             raise HistoryError(f"history {path}: a corrupt history (schema version {version}, tables {_names(columns)})")
         return "current"
     if app == 0 and not columns:
         return "new"
-    if app == 0 and columns == _expected_columns():
-        return "legacy"
+    if app == 0 and columns == _v1_columns():
+        return "legacy"  # written before the marker, with version 1's tables
     what = f"application_id {app:#x}, " if app else ""
     raise HistoryError(
         f"history {path}: an SQLite database, but not a run history of specdec-verify ({what}it has tables {_names(columns)})"
@@ -377,6 +400,11 @@ def _expected_columns() -> dict[str, list[str]]:
     with closing(sqlite3.connect(":memory:")) as mem:
         mem.executescript(SCHEMA)
         return _columns(mem)
+
+
+@functools.cache
+def _v1_columns() -> dict[str, list[str]]:
+    return {"runs": _expected_columns()["runs"], "records": _V1_RECORD_COLUMNS}
 
 
 def _quick_check(conn: sqlite3.Connection, path: str) -> None:
@@ -415,6 +443,13 @@ def _create(path: str, run: tuple, records: list[tuple]) -> int:
         os.unlink(tmp)
 
 
+def _execute_script(conn: sqlite3.Connection, script: str) -> None:
+    """``script``'s statements inside the caller's transaction (``executescript`` commits)."""
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
 def _insert(target: str, path: str, mode: str, run: tuple, records: list[tuple]) -> int:
     """One transaction on ``target``: the schema and marker if it has none yet, then the run."""
     try:
@@ -427,11 +462,12 @@ def _insert(target: str, path: str, mode: str, run: tuple, records: list[tuple])
             try:
                 kind = _kind(conn, path)  # again, under the write lock
                 if kind == "new":
-                    for statement in SCHEMA.split(";"):
-                        if statement.strip():
-                            conn.execute(statement)
+                    _execute_script(conn, SCHEMA)
                 else:
                     _quick_check(conn, path)
+                if kind in ("v1", "legacy"):
+                    create_records = SCHEMA[SCHEMA.index("CREATE TABLE records") :].split(";")[0]
+                    _execute_script(conn, _V1_UPGRADE.format(create_records=create_records))
                 if kind != "current":
                     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -439,7 +475,9 @@ def _insert(target: str, path: str, mode: str, run: tuple, records: list[tuple])
                     "INSERT INTO runs(created, label, profile, seed, vllm_version, vllm_commit, environment, command) VALUES (?,?,?,?,?,?,?,?)",
                     run,
                 ).lastrowid
-                conn.executemany("INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", [(run_id, *r) for r in records])
+                names = ", ".join(f'"{name}"' for name, _, _ in RECORD_COLUMNS)
+                marks = ",".join("?" * (len(RECORD_COLUMNS) + 1))
+                conn.executemany(f"INSERT INTO records (run_id, {names}) VALUES ({marks})", [(run_id, *r) for r in records])
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:

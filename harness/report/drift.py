@@ -14,14 +14,17 @@ from harness.report.html import page
 def analyse(runs: list[dict], records: list[dict]) -> dict:
     series: dict[str, list] = {}
     for r in records:
-        key = f"{r['backend']} | {r['scenario']}[{r['template']}] {r['check_name']}"
+        key = f"{r['backend']} | {r['scenario']}[{r['template']}] {r['check']}"
         series.setdefault(key, []).append(r)
     run_info = {run["id"]: run for run in runs}
     shifts, regressions = [], []
     for key, points in series.items():
         for a, b in zip(points, points[1:]):
-            if None not in (a.get("tv_lo"), a.get("tv_hi"), b.get("tv_lo"), b.get("tv_hi")) and (
-                b["tv_lo"] > a["tv_hi"] or b["tv_hi"] < a["tv_lo"]
+            if (
+                a["tv_ci"]
+                and b["tv_ci"]
+                and None not in (*a["tv_ci"], *b["tv_ci"])
+                and (b["tv_ci"][0] > a["tv_ci"][1] or b["tv_ci"][1] < a["tv_ci"][0])
             ):
                 shifts.append(
                     {"key": key, "from_run": a["run_id"], "to_run": b["run_id"], "from_tv": a["tv_estimate"], "to_tv": b["tv_estimate"]}
@@ -33,7 +36,7 @@ def analyse(runs: list[dict], records: list[dict]) -> dict:
     return {
         "runs": [{k: run[k] for k in ("id", "created", "label", "profile", "seed", "vllm_version", "vllm_commit")} for run in runs],
         "series": {
-            k: [{f: p[f] for f in ("run_id", "verdict", "tv_estimate", "tv_lo", "tv_hi", "p_value", "detectable_tv")} for p in v]
+            k: [{f: p[f] for f in ("run_id", "verdict", "tv_estimate", "tv_ci", "p_value", "detectable_tv")} for p in v]
             for k, v in series.items()
         },
         "versions": {run["id"]: run_info[run["id"]]["vllm_version"] for run in runs},
@@ -42,7 +45,7 @@ def analyse(runs: list[dict], records: list[dict]) -> dict:
         "api_drift": [{"run": r["run_id"], "backend": r["backend"], "message": r["message"]} for r in api_drift],
         "latest_failures": [
             {
-                "key": f"{r['backend']} | {r['scenario']}[{r['template']}] {r['check_name']}",
+                "key": f"{r['backend']} | {r['scenario']}[{r['template']}] {r['check']}",
                 "message": r["message"],
                 "reproducer": r["reproducer"],
             }

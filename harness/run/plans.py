@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Planning: each scenario's templates, checks and trial count, computed in a background
+thread in sampling order (the costliest first) while the backends already sample."""
 
 import threading
 import time

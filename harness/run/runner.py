@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.checking.family import apply_holm
-from harness.evidence.records import CheckRecord
+from harness.checking.checks import Outcome
+from harness.checking.family import decide_verdicts
+from harness.evidence.records import CheckRecord, Kind, Verdict
 from harness.run.plans import Plans, sampling_order
 from harness.sampling.sample import Declined
 from harness.sampling.stream import sample_in_process
@@ -57,10 +58,10 @@ class RunResult:
 
     @property
     def failed(self) -> bool:
-        return any(r.verdict in ("fail", "error") for r in self.records)
+        return any(r.verdict in (Verdict.FAIL, Verdict.ERROR) for r in self.records)
 
     def counts(self) -> dict:
-        out = {v: 0 for v in ("pass", "fail", "error", "skipped")}
+        out = {v.value: 0 for v in Verdict}
         for r in self.records:
             out[r.verdict] += 1
         return out
@@ -71,7 +72,7 @@ class RunResult:
         planned = sum(self.planned_checks.values())
         out = {}
         for name in dict.fromkeys(r.backend for r in self.records):
-            evaluated = sum(1 for r in self.records if r.backend == name and r.verdict in ("pass", "fail"))
+            evaluated = sum(1 for r in self.records if r.backend == name and r.verdict in (Verdict.PASS, Verdict.FAIL))
             out[name] = {"planned": planned, "evaluated": evaluated, "share": evaluated / planned if planned else 0.0}
         return out
 
@@ -81,7 +82,7 @@ class RunResult:
         for name, c in self.coverage().items():
             if c["evaluated"] == 0:
                 mine = [r for r in self.records if r.backend == name]
-                first = next((r.message for r in mine if r.verdict in ("skipped", "error")), "no records")
+                first = next((r.message for r in mine if r.verdict in (Verdict.SKIPPED, Verdict.ERROR)), "no records")
                 first = first.splitlines()[0] if first else ""
                 lines.append(f"{name}: verified nothing: 0 of {c['planned']} checks ran (first reason: {first})")
         return lines
@@ -302,7 +303,7 @@ def run(
         plans.cancel()
         if turns:
             shutil.rmtree(turns, ignore_errors=True)
-    result.family_alpha = apply_holm(result.records, profile.alpha)
+    result.family_alpha = decide_verdicts(result.records, profile.alpha)
     result.plan_seconds = plans.seconds
     result.seconds = time.perf_counter() - start
     return result
@@ -354,27 +355,32 @@ def _sample_backend(name, work, profile, device, isolate, timeout, gpus, progres
     return sampling.outcomes, (sampling.environments[0] if sampling.environments else None)
 
 
-def _record(backend, scenario, check, v, repro) -> CheckRecord:
-    if v.passed is None:
-        verdict = "skipped"
+def _record(backend, scenario, check, outcome: Outcome, repro) -> CheckRecord:
+    """The record of one evaluated check; a statistical one waits for its verdict from the
+    run's family rule (``decide_verdicts``)."""
+    if outcome.kind is Kind.SKIPPED:
+        verdict = Verdict.SKIPPED
+    elif outcome.kind.statistical:
+        verdict = None
     else:
-        verdict = "pass" if v.passed else "fail"
+        verdict = Verdict.FAIL if outcome.deviated else Verdict.PASS
+    o = outcome
     return CheckRecord(
         backend=backend, scenario=scenario.name, template=check.template, check=check.name,
-        verdict=verdict, kind=v.kind, statistic=v.statistic, df=v.df, p_value=v.p_value,
-        alpha=v.alpha, holm_threshold=None, trials=v.trials, detectable_tv=v.detectable_tv,
-        tv_estimate=v.tv_estimate, tv_ci=v.tv_ci, message=v.message, reproducer=repro,
-        method=scenario.method, cells=v.cells, extra=v.extra,
+        verdict=verdict, kind=o.kind, statistic=o.statistic, df=o.df, p_value=o.p_value,
+        alpha=o.alpha, holm_threshold=None, trials=o.trials, detectable_tv=o.detectable_tv,
+        tv_estimate=o.tv_estimate, tv_ci=o.tv_ci, message=o.message, reproducer=repro,
+        method=scenario.method, cells=o.cells, acceptance=o.acceptance,
     )  # fmt: skip
 
 
 def _skipped_record(backend, scenario, check, reason, repro) -> CheckRecord:
-    return CheckRecord(backend, scenario.name, check.template, check.name, "skipped", "skipped", reason, repro, scenario.method)
+    return CheckRecord(backend, scenario.name, check.template, check.name, Verdict.SKIPPED, Kind.SKIPPED, reason, repro, scenario.method)
 
 
 API_DRIFT = "vLLM API changed"  # adapters raise this when they cannot bind to the vLLM they find
 
 
 def _error_record(backend, scenario, template, stage, message, repro) -> CheckRecord:
-    kind = "api-drift" if API_DRIFT in message else "error"
-    return CheckRecord(backend, scenario, template, stage, "error", kind, message, repro)
+    kind = Kind.API_DRIFT if API_DRIFT in message else Kind.ERROR
+    return CheckRecord(backend, scenario, template, stage, Verdict.ERROR, kind, message, repro)

@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""One scenario through one backend: what it supports (per template when a batch is
+declined), chunks of trials within the profile's memory budget, the host path or the
+device path (inputs built and outputs tallied on the backend's device), repeatability,
+and the outcome (tallies, unsupported or error) that leaves this stage."""
 
 import time
 import traceback

@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""A backend's scenarios sampled as a stream: on a GPU it runs ahead, queueing scenarios
+while the oldest one's counts are not back, so the device works while the host builds
+the next inputs; and the in-process sampler (``sample_in_process``) the runner uses
+without worker isolation."""
 
 from collections import deque
 
@@ -72,5 +75,5 @@ def sample_in_process(name, work, profile, device, timeout, gpu=None, time_backe
         return
     from harness.evidence.environment import backend_environment
 
-    yield None, ("environment", backend_environment())
+    yield None, ("environment", backend_environment(backend))
     yield from sample_stream(backend, work, profile, time_backend)

@@ -6,14 +6,14 @@ its drafts; invalid trials are counted as structure violations (with the first o
 an example) and excluded from the distribution counts.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 
 @dataclass
 class TemplateTally:
-    num_drafts: int  # d_eff: drafts before the first placeholder
+    effective_drafts: int  # d_eff: drafts before the first placeholder (the law's horizon)
     vocab: int
     outcome: np.ndarray = None  # [d+1, V] (n accepted, emitted token)
     steps: np.ndarray = None  # [d+1, 2, V] per step: accepted draft / rejected-emitted token
@@ -21,10 +21,9 @@ class TemplateTally:
     violations: int = 0
     example: dict | None = None
     repeatable: bool | None = None  # same outputs from two calls on the same inputs (None: not asked)
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        d, v = self.num_drafts, self.vocab
+        d, v = self.effective_drafts, self.vocab
         self.outcome = np.zeros((d + 1, v), dtype=np.int64)
         self.steps = np.zeros((d + 1, 2, v), dtype=np.int64)
 
@@ -45,7 +44,7 @@ def add_outputs(tallies: list[TemplateTally], tokens, emitted, drafts, first_tri
     tokens = tokens.reshape(count, t_count, -1)
     emitted = emitted.reshape(count, t_count)
     for i, tally in enumerate(tallies):
-        d, vocab = tally.num_drafts, tally.vocab
+        d, vocab = tally.effective_drafts, tally.vocab
         tok, num, dr = tokens[:, i], emitted[:, i], drafts[:, i]
         slot = np.arange(tok.shape[1])[None, :]
         shown = slot < num[:, None]

@@ -23,14 +23,17 @@ def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
         dict(name="greedy-ties", method="greedy", requests=[R(2, 0, "tied", "tied"), R(3, 0, "tied", "flat")]),
         dict(name="greedy-placeholder", method="greedy", requests=[R(3, 0, "peaked", placeholder_at=1), R(2, 0, "flat", placeholder_at=0)]),
         dict(
-            name="greedy-sampled", method="greedy", drafts="sampled", requests=[R(2, 0, "peaked", "near-target"), R(3, 0, "flat", "flat")]
+            name="greedy-sampled",
+            method="greedy",
+            draft_mode="sampled",
+            requests=[R(2, 0, "peaked", "near-target"), R(3, 0, "flat", "flat")],
         ),
         # strict
         dict(name="strict-fixed", method="strict", requests=[R(1, 1.0, "peaked"), R(3, 0.8, "flat", "peaked")]),
         dict(
             name="strict-sampled",
             method="strict",
-            drafts="sampled",
+            draft_mode="sampled",
             requests=[R(2, 1.0, "peaked", "near-target"), R(1, 1.5, "topk", "flat")],
         ),
         # standard, fixed drafts
@@ -74,12 +77,12 @@ def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
             requests=[R(2, 1.0, "peaked"), R(1, 1.0, "heavy-tail", "near-target")],
         ),
         # standard, drafts sampled per trial
-        dict(name="standard-sampled", method="standard", drafts="sampled", requests=[R(1, 1.0), R(3, 1.0, "peaked", "flat")]),
-        dict(name="standard-sampled-disjoint", method="standard", drafts="sampled", requests=[R(2, 1.0, "topk", "disjoint")]),
+        dict(name="standard-sampled", method="standard", draft_mode="sampled", requests=[R(1, 1.0), R(3, 1.0, "peaked", "flat")]),
+        dict(name="standard-sampled-disjoint", method="standard", draft_mode="sampled", requests=[R(2, 1.0, "topk", "disjoint")]),
         dict(
             name="standard-sampled-no-draft-probs",
             method="standard",
-            drafts="sampled",
+            draft_mode="sampled",
             draft_probs=False,
             requests=[R(2, 1.0, "peaked", "near-target")],
         ),
@@ -90,7 +93,7 @@ def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
         dict(
             name="block-sampled",
             method="block",
-            drafts="sampled",
+            draft_mode="sampled",
             requests=[R(2, 1.0, "peaked", "near-target"), R(3, 1.0, "flat", "peaked")],
         ),
         dict(name="block-greedy", method="block", requests=[R(3, 0, "peaked", "near-target")]),

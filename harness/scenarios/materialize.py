@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""A scenario made concrete from its seed: each template's logits and fixed drafts
+(``materialize``), and chunks of trials as the backend receives them (``trials``)."""
 
 from dataclasses import dataclass
 
@@ -50,7 +51,7 @@ class Template:
     spec: RequestSpec
     method: Method
     target_logits: np.ndarray  # [d+1, V] float32
-    proposal_logits: np.ndarray  # [d, V_draft] float32 (drafts come from these)
+    draft_logits: np.ndarray  # [d, V_draft] float32 (drafts come from these)
     drafts: np.ndarray | None  # [d] fixed draft ids (with placeholders), None when sampled
     rates: np.ndarray  # [d] synthetic conditional rates
 
@@ -68,15 +69,15 @@ class Template:
     def target_probs(self) -> np.ndarray:
         return softmax_rows(self.target_logits, self.spec.temperature)
 
-    def proposal_probs(self) -> np.ndarray:
+    def visible_draft_probs(self) -> np.ndarray:
         vocab = self.target_logits.shape[1]
-        return pad_vocab(softmax_rows(self.proposal_logits, self.spec.temperature), vocab)
+        return pad_vocab(softmax_rows(self.draft_logits, self.spec.temperature), vocab)
 
     def sampling_probs(self) -> np.ndarray:
         """The law drafts are drawn from: the draft rows, at temperature 1 when greedy."""
         vocab = self.target_logits.shape[1]
         t = self.spec.temperature or 1.0
-        return pad_vocab(softmax_rows(self.proposal_logits, t), vocab)
+        return pad_vocab(softmax_rows(self.draft_logits, t), vocab)
 
 
 def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -111,7 +112,7 @@ def materialize(s: Scenario) -> list[Template]:
         proposal = round_to_dtype(proposal, s.dtype)
         method = s.request_method(spec)
         drafts = None
-        if s.drafts == "fixed":
+        if s.draft_mode == "fixed":
             probs = Template(spec, method, target, proposal, None, rates[:d]).sampling_probs()
             drafts = np.array([rng.choice(vocab, p=row / row.sum()) for row in probs], dtype=np.int64).reshape(d)
             if spec.draft_ids is not None:
@@ -153,7 +154,7 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
     target_block = np.concatenate([t.target_logits for t in templates])
     target = np.tile(target_block, (count, 1))
     draft_block = (
-        np.concatenate([t.proposal_logits for t in templates])
+        np.concatenate([t.draft_logits for t in templates])
         if counts.sum()
         else np.zeros((0, s.draft_vocab_size or s.vocab_size), np.float32)
     )

@@ -80,7 +80,7 @@ class Scenario:
     requests: tuple[RequestSpec, ...]
     draft_vocab_size: int | None = None
     draft_probs: bool = True  # the verifier receives draft logits
-    drafts: str = "fixed"  # "fixed": drawn once from the draft rows; "sampled": per trial
+    draft_mode: str = "fixed"  # "fixed": drawn once from the draft rows; "sampled": per trial
     synthetic: dict | None = None  # {"mean_rate": r} | {"rates": [...]} | {"acceptance_length": L}
     seed: int = 0
     tags: tuple[str, ...] = field(default=())
@@ -217,8 +217,8 @@ def _validate(s: Scenario) -> None:
         raise ValueError(f"scenario.vocab_size: expected an integer in [2, {MAX_VOCAB}], got {_brief(s.vocab_size)}")
     if s.draft_vocab_size is not None and not (_is_int(s.draft_vocab_size) and 2 <= s.draft_vocab_size <= s.vocab_size):
         raise ValueError(f"scenario.draft_vocab_size: expected an integer in [2, vocab_size], got {_brief(s.draft_vocab_size)}")
-    if s.drafts not in ("fixed", "sampled"):
-        raise ValueError(f"scenario.drafts: expected 'fixed' or 'sampled', got {_brief(s.drafts)}")
+    if s.draft_mode not in ("fixed", "sampled"):
+        raise ValueError(f"scenario.draft_mode: expected 'fixed' or 'sampled', got {_brief(s.draft_mode)}")
     check_seed(s.seed, "scenario.seed")
     if not isinstance(s.draft_probs, bool):
         raise ValueError("scenario.draft_probs: expected true or false")
@@ -247,7 +247,7 @@ def _validate(s: Scenario) -> None:
             raise ValueError(f"{where}.method: synthetic requests need scenario.synthetic parameters")
         if r.draft_ids is not None:
             ids = r.draft_ids
-            if s.drafts != "fixed" or not _is_int_list(ids) or len(ids) != r.num_drafts or not all(-1 <= x < s.vocab_size for x in ids):
+            if s.draft_mode != "fixed" or not _is_int_list(ids) or len(ids) != r.num_drafts or not all(-1 <= x < s.vocab_size for x in ids):
                 raise ValueError(
                     f"{where}.draft_ids: expected {r.num_drafts} ids in [-1, {s.vocab_size}) with fixed drafts, got {_brief(ids)}"
                 )
@@ -269,7 +269,7 @@ def _validate(s: Scenario) -> None:
         if r.placeholder_at is not None:
             if not _is_int(r.placeholder_at) or not 0 <= r.placeholder_at < r.num_drafts:
                 raise ValueError(f"{where}.placeholder_at: expected a draft index in [0, {r.num_drafts}), got {_brief(r.placeholder_at)}")
-            if s.drafts != "fixed":
+            if s.draft_mode != "fixed":
                 raise ValueError(f"{where}.placeholder_at: placeholders need fixed drafts")
     elements = sum(r.num_drafts + 1 for r in s.requests) * s.vocab_size
     if elements > MAX_TRIAL_ELEMENTS:

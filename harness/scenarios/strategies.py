@@ -1,4 +1,14 @@
-"""TODO docstring."""
+"""Hypothesis strategies that draw *scenarios* (never raw arrays), the pinned examples, and
+the predicates that name scenarios where a known implementation disagrees with the law.
+
+Drawn: ragged draft counts (0 included), mixed greedy / standard / synthetic requests,
+temperatures 0, near 0 and large, every distribution family (top-k truncation gives
+zero-probability tokens), explicit drafts with target or draft probability 0,
+placeholders, NaN and all-masked rows, a smaller draft vocabulary, fp32 / bf16 / fp16
+logits, scattered state slots, and vocabularies straddling kernel block sizes. Tensors
+are built by ``harness.scenarios.materialize`` from the drawn seed, so examples shrink
+to small, readable scenarios. The fuzz budget and replay are in ``harness.studies.fuzz``.
+"""
 
 import dataclasses
 
@@ -34,7 +44,7 @@ TEMPERATURES = (1e-4, 0.3, 1.0, 1.7, 10.0)
 
 
 @st.composite
-def request_specs(draw, vocab: int, drafts: str, methods: tuple[str, ...], max_drafts: int, min_drafts: int = 0):
+def request_specs(draw, vocab: int, draft_mode: str, methods: tuple[str, ...], max_drafts: int, min_drafts: int = 0):
     d = draw(st.integers(min_drafts, max_drafts))
     method = draw(st.sampled_from(methods))
     # Temperature 0 for any method: greedy, and strict / block / synthetic verified greedily.
@@ -46,9 +56,9 @@ def request_specs(draw, vocab: int, drafts: str, methods: tuple[str, ...], max_d
         draft=draw(st.sampled_from(DRAFT_FAMILIES)),
         method=method,
     )
-    if drafts == "fixed" and d and draw(st.booleans()):
+    if draft_mode == "fixed" and d and draw(st.booleans()):
         spec["draft_ids"] = tuple(draw(st.lists(st.integers(-1, vocab - 1), min_size=d, max_size=d)))
-    elif drafts == "fixed" and d and draw(st.integers(0, 3)) == 0:
+    elif draft_mode == "fixed" and d and draw(st.integers(0, 3)) == 0:
         spec["placeholder_at"] = draw(st.integers(0, d - 1))
     if draw(st.integers(0, 7)) == 0:
         spec["nan_rows" if draw(st.booleans()) else "masked_rows"] = (draw(st.integers(0, d)),)
@@ -71,13 +81,13 @@ def scenarios(
     ``min_drafts``: every request has at least this many drafts."""
     vocab = draw(st.sampled_from(vocabs))
     base = draw(st.sampled_from(methods))
-    drafts = draw(st.sampled_from(("fixed", "sampled")))
-    if base == "block" and drafts == "sampled":
+    draft_mode = draw(st.sampled_from(("fixed", "sampled")))
+    if base == "block" and draft_mode == "sampled":
         max_drafts = min(max_drafts, 2)  # block's sampled-draft law is enumerated
         if vocab**max_drafts > MAX_ENUMERATED_DRAFTS:
-            drafts = "fixed"  # too many draft sequences to enumerate: the law check would be skipped
+            draft_mode = "fixed"  # too many draft sequences to enumerate: the law check would be skipped
     allowed = tuple(m for m in (base, *mates) if m in methods) if base in ("standard", "greedy") else (base,)
-    reqs = tuple(draw(st.lists(request_specs(vocab, drafts, allowed, max_drafts, min_drafts), min_size=1, max_size=max_requests)))
+    reqs = tuple(draw(st.lists(request_specs(vocab, draft_mode, allowed, max_drafts, min_drafts), min_size=1, max_size=max_requests)))
     k = max(r.num_drafts for r in reqs)
     synthetic = None
     if any(r.method == "synthetic" for r in reqs):
@@ -94,7 +104,7 @@ def scenarios(
         requests=reqs,
         draft_vocab_size=draft_vocab,
         draft_probs=draw(st.booleans()),
-        drafts=drafts,
+        draft_mode=draft_mode,
         synthetic=synthetic,
         seed=draw(st.integers(0, 2**31 - 1)),
         dtype=draw(st.sampled_from(("float32", "bfloat16", "float16"))),
@@ -154,14 +164,14 @@ def pin(pinned, **others):
 def _fixed_draft_probabilities(scenario: Scenario):
     """(method, p(x_k), q(x_k)) over the drafts of every template where a fixed draft's
     acceptance ratio p / q decides (standard and block, T > 0, not degenerate)."""
-    if not scenario.draft_probs or scenario.drafts != "fixed":
+    if not scenario.draft_probs or scenario.draft_mode != "fixed":
         return
     for t in materialize(scenario):
         d = t.effective_drafts
         if d == 0 or t.spec.temperature == 0 or t.spec.degenerate or t.method not in (Method.STANDARD, Method.BLOCK):
             continue
         steps = np.arange(d)
-        yield t.method, t.target_probs()[steps, t.drafts[:d]], t.proposal_probs()[steps, t.drafts[:d]]
+        yield t.method, t.target_probs()[steps, t.drafts[:d]], t.visible_draft_probs()[steps, t.drafts[:d]]
 
 
 def undefined_ratio(scenario: Scenario) -> bool:
@@ -196,9 +206,12 @@ def placeholder_with_draft_probabilities(scenario: Scenario) -> bool:
     """Whether a sampling (T > 0) standard request has a placeholder draft (-1) while the
     scenario carries draft probabilities. The law emits from the target there; vLLM V1 emits
     from max(p - q, 0) of the placeholder's draft row (pinned in ``suites/test_vllm.py``:
-    ``test_v1_placeholder_emits_from_target``)."""
+    ``test_v1_placeholder_emits_from_target``). A placeholder is ``placeholder_at`` or a -1
+    among explicit ``draft_ids``."""
     return scenario.draft_probs and any(
-        spec.placeholder_at is not None and spec.temperature > 0 and scenario.request_method(spec) is Method.STANDARD
+        (spec.placeholder_at is not None or -1 in (spec.draft_ids or ()))
+        and spec.temperature > 0
+        and scenario.request_method(spec) is Method.STANDARD
         for spec in scenario.requests
     )
 

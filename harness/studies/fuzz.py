@@ -1,12 +1,5 @@
-"""Hypothesis strategies that draw *scenarios* (never raw arrays), and the fuzzing budget.
-
-Drawn: ragged draft counts (0 included), mixed greedy / standard / synthetic requests,
-temperatures 0, near 0 and large, every distribution family (top-k truncation gives
-zero-probability tokens), explicit drafts with target or draft probability 0,
-placeholders, NaN and all-masked rows, a smaller draft vocabulary, fp32 / bf16 / fp16
-logits, scattered state slots, and vocabularies straddling kernel block sizes. Tensors
-are built by ``harness.scenarios.materialize`` from the drawn seed, so examples shrink
-to small, readable scenarios.
+"""The fuzzing budget and replay (the strategies that draw scenarios are in
+``harness.scenarios.strategies``).
 
 Budget: a fuzz test has a family-wise false-alarm budget; every example (explicit ones
 included) gets ``budget / examples`` of it, split by Holm over that example's statistical

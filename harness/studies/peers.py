@@ -17,7 +17,7 @@ cells; none of the peers' statistics states its false-alarm rate or power.
 import numpy as np
 
 from harness.backends import load_backend
-from harness.checking import stats
+from harness.checking import pooling, stats
 from harness.run.plans import planned_trials
 from harness.sampling.sample import sample_scenario
 from harness.scenarios.catalog import catalog, find
@@ -29,7 +29,7 @@ STATISTICS = ("ours", "mrv2-10-sigma", "flashinfer-cosine", "vllm-v1-convergence
 
 def ours(observed, probs, alpha=1e-6) -> bool:
     n = observed.sum()
-    bins = stats.pool_cells(probs * n)
+    bins = pooling.pool_cells(probs * n)
     return stats.chi_square_test(observed, probs * n, bins, with_ci=False).p_value <= alpha
 
 
@@ -38,8 +38,8 @@ def mrv2_ten_sigma(observed, probs) -> bool:
     expected = probs * n
     if observed[expected == 0].sum() > 0:
         return True  # their chi-square divides by zero there; count it as caught
-    bins = stats.pool_cells(expected)
-    o, e = stats.pooled(observed, bins), stats.pooled(expected, bins)
+    bins = pooling.pool_cells(expected)
+    o, e = pooling.pooled(observed, bins), pooling.pooled(expected, bins)
     chi2 = float(((o - e) ** 2 / e).sum())
     df = max(o.size - 1, 1)
     return chi2 > df + 10 * np.sqrt(2 * df)

@@ -5,8 +5,9 @@ import dataclasses
 import numpy as np
 import torch
 
+from harness.backends.triton.backend import TritonBackend
+from harness.backends.triton.common import tile_plan
 from harness.backends.triton.faults import TRITON_FAULTS
-from harness.backends.triton.sampler import TritonBackend, _tiles
 
 
 class TritonFaultBackend(TritonBackend):
@@ -39,8 +40,8 @@ def unmasked(logits):
 
 
 def _cuda_tiles(backend, batch) -> None:
-    """Give ``backend`` the vocabulary tiles CUDA chooses for ``batch`` (``_tiles(V, cuda=True)``)."""
-    block_v, _, nsplit, _ = _tiles(batch.target_logits.shape[1], cuda=True)
+    """Give ``backend`` the vocabulary tiles CUDA chooses for ``batch`` (``tile_plan(V, cuda=True)``)."""
+    block_v, _, nsplit, _ = tile_plan(batch.target_logits.shape[1], cuda=True)
     backend.tiles = {**backend.tiles, "block_v": block_v, "splits": nsplit}
 
 
@@ -78,8 +79,6 @@ class SmallTiles:
     splits = 2
 
     def __init__(self):
-        from harness.backends.triton.sampler import TritonBackend
-
         self.device = "cpu"
         self._sampler = TritonBackend("cpu", block_v=SMALL_TILE, splits=self.splits)
 

@@ -28,7 +28,7 @@ function draw() {
   box.replaceChildren();
   chart(box, [{
     type: 'scatter', mode: 'lines+markers', name: 'TV estimate', x: pts.map(label).map(esc), y: pts.map(p => p.tv_estimate),
-    error_y: {type: 'data', symmetric: false, array: pts.map(p => (p.tv_hi ?? p.tv_estimate) - p.tv_estimate), arrayminus: pts.map(p => p.tv_estimate - (p.tv_lo ?? p.tv_estimate))},
+    error_y: {type: 'data', symmetric: false, array: pts.map(p => (p.tv_ci?.[1] ?? p.tv_estimate) - p.tv_estimate), arrayminus: pts.map(p => p.tv_estimate - (p.tv_ci?.[0] ?? p.tv_estimate))},
   }, {type: 'scatter', mode: 'lines', name: 'detectable TV', x: pts.map(label).map(esc), y: pts.map(p => p.detectable_tv)}],
   {title: {text: esc(pick.value)}, yaxis: {title: {text: 'TV'}, rangemode: 'tozero'}});
 }

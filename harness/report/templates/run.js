@@ -71,19 +71,19 @@ for (const [title, recs] of Object.entries(groups)) {
           {type: 'bar', name: 'expected', x: law.cells.map(c => esc(c[0])), y: law.cells.map(c => c[2])},
         ], {title: {text: esc(`${law.check}: observed vs expected`)}, barmode: 'group'});
       }
-      const len = recs.find(r => r.template === tpl && r.check === 'acceptance-length' && r.extra && r.extra.acceptance);
+      const len = recs.find(r => r.template === tpl && r.check === 'acceptance-length' && r.acceptance);
       if (len) {
-        const a = len.extra.acceptance;
+        const a = len.acceptance.steps;
         chart(box, [
           {type: 'scatter', mode: 'markers', name: 'observed (95% CI)', x: a.map(s => s.step), y: a.map(s => s.observed),
             error_y: {type: 'data', symmetric: false, array: a.map(s => s.hi - s.observed), arrayminus: a.map(s => s.observed - s.lo)}},
           {type: 'scatter', mode: 'lines+markers', name: 'closed form', x: a.map(s => s.step), y: a.map(s => s.expected)},
         ], {title: {text: 'acceptance per step: P(accept j | reached j)'}, xaxis: {title: {text: 'step'}, dtick: 1}, yaxis: {range: [0, 1.05]}});
-        const n = len.extra.length_observed.reduce((x, y) => x + y, 0);
-        const xs = len.extra.length_observed.map((_, i) => i);
+        const n = len.acceptance.length_observed.reduce((x, y) => x + y, 0);
+        const xs = len.acceptance.length_observed.map((_, i) => i);
         chart(box, [
-          {type: 'bar', name: 'observed', x: xs, y: len.extra.length_observed},
-          {type: 'bar', name: 'expected', x: xs, y: len.extra.length_expected.map(p => p * n)},
+          {type: 'bar', name: 'observed', x: xs, y: len.acceptance.length_observed},
+          {type: 'bar', name: 'expected', x: xs, y: len.acceptance.length_expected.map(p => p * n)},
         ], {title: {text: 'accepted drafts per trial'}, barmode: 'group', xaxis: {dtick: 1}});
       }
     }

@@ -47,7 +47,7 @@ class DeviceTrials:
 
         target = np.concatenate([t.target_logits for t in templates])
         draft_width = s.draft_vocab_size or s.vocab_size
-        proposal = np.concatenate([t.proposal_logits for t in templates]) if counts.sum() else np.zeros((0, draft_width), np.float32)
+        proposal = np.concatenate([t.draft_logits for t in templates]) if counts.sum() else np.zeros((0, draft_width), np.float32)
         self.target_block, self.draft_block = put(target).to(dtype), put(proposal).to(dtype)
         # One row for all (NaN != NaN: a poisoned row is never shared); on the host: no device sync.
         self.shared_target = share_rows and _one_row(target)
