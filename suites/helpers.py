@@ -1,6 +1,20 @@
 """Builders shared by several test modules (tests import these, never each other)."""
 
+import ast
+import copy
+import functools
+import importlib.util
+import math
+import re
 import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from reference.processing import processed_logits, processed_probs
 
 MARK = "standard-near-target"  # the scenario the misbehaving backends fail on (templates with 1, 3 and 4 drafts)
 
@@ -172,7 +186,6 @@ def device_mixed_batch(vocab, b, k, seed, device="cuda", chain_only=False, equal
     """Ragged mixed batch built on the device (``equal_counts``: k drafts each): every method
     (``chain_only``: standard and synthetic only), temperatures 0 / 0.5 / 1, masked and
     near-target bf16 draft rows, drafts mostly the target's argmax, a placeholder, rates."""
-    import math
 
     import numpy as np
     import torch
@@ -240,7 +253,6 @@ def assert_stats_equal(stored, want, label: str, log_sum_order_bound: bool = Fal
     """Stored final statistics (``[4, n]`` float64: max, log-sum, argmax, flag) equal ``staged_jobs.Stats``
     bit for bit in ``rows`` (default all); with ``log_sum_order_bound`` the log-sums within
     ``ORDER_SLACK`` + 2 ulps."""
-    import math
 
     import torch
 
@@ -280,7 +292,6 @@ def staged_group(vocab, cuda, block_v=None, splits=None) -> int:
 
 def tail_rate(tail_tokens, log_ratio):
     """The share of draws landing in ``tail_tokens`` tokens each ``exp(log_ratio)`` below a head of 1."""
-    import math
 
     import numpy as np
 
@@ -296,3 +307,162 @@ def binomial_check(hits, n, rate, max_shift):
     detect = power.binomial_detectable(TRITON_ALPHA, TRITON_POWER, rate, n)
     assert detect < max_shift, f"underpowered: detects a shift of {detect:.3g} only (wanted {max_shift:.3g})"
     assert p > TRITON_ALPHA, f"tail drawn {hits}/{n} = {hits / n:.4g} vs rate {rate:.4g}: p = {p:.3g} <= alpha {TRITON_ALPHA}"
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NEG_INF = float("-inf")
+
+
+# --- vLLM's source, compiled without importing vLLM --------------------------------------------
+def installed_vllm_tree() -> tuple[str, Path] | None:
+    spec = importlib.util.find_spec("vllm")  # a top-level spec: vLLM is not imported
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0])
+    version = "dev"
+    for meta in sorted(folder.parent.glob("vllm-*.dist-info/METADATA")):
+        found = re.search(r"^Version: *(\S+)", meta.read_text(errors="replace"), re.M)
+        version = found.group(1) if found else version
+    return f"installed-{version}", folder
+
+
+def vllm_trees() -> list:
+    trees = []
+    installed = installed_vllm_tree()
+    if installed is not None:
+        trees.append(pytest.param(installed[1], id=installed[0]))
+    else:
+        trees.append(pytest.param(None, id="installed", marks=pytest.mark.skip(reason="vLLM is not installed")))
+    for version in ("0.19.1", "0.20.0", "0.24.0", "0.27.1"):
+        folder = REPO_ROOT / "vendor" / f"vllm-{version}" / "vllm"
+        if folder.is_dir():
+            trees.append(pytest.param(folder, id=version))
+    return trees
+
+
+VLLM_TREES = vllm_trees()
+
+
+@functools.cache
+def parsed_source(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+class PlainPython(ast.NodeTransformer):
+    """Annotations name vLLM's types (evaluated at ``def`` time) and decorators its helpers:
+    drop both, so the functions compile in a namespace of torch and the test's stand-ins."""
+
+    def visit_FunctionDef(self, node):
+        node.decorator_list, node.returns = [], None
+        args = node.args
+        for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
+            if arg is not None:
+                arg.annotation = None
+        self.generic_visit(node)
+        return node
+
+    def visit_AnnAssign(self, node):
+        if node.value is None:
+            return None
+        return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
+
+
+def find_definition(body, name):
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            return node
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node
+    return None
+
+
+def vllm_source(tree: Path, files, *names, **env) -> SimpleNamespace:
+    """``names`` ("func", "Class.method", "CONSTANT") from the first of ``files`` (paths under
+    ``vllm/``) that defines the first of them, compiled in ``{torch, np, **env}``."""
+    files = (files,) if isinstance(files, str) else files
+    for rel in files:
+        path = tree / rel
+        if not path.is_file():
+            continue
+        module = parsed_source(path)
+        nodes = []
+        for name in names:
+            cls, _, leaf = name.rpartition(".")
+            body = module.body
+            if cls:
+                owner = find_definition(body, cls)
+                body = owner.body if isinstance(owner, ast.ClassDef) else []
+            node = find_definition(body, leaf)
+            if node is None:
+                break
+            nodes.append(PlainPython().visit(copy.deepcopy(node)))
+        else:
+            namespace = {"torch": torch, "np": np, **env}
+            exec(compile(ast.fix_missing_locations(ast.Module(body=nodes, type_ignores=[])), str(path), "exec"), namespace)
+            return SimpleNamespace(**{name.rpartition(".")[2]: namespace[name.rpartition(".")[2]] for name in names})
+    raise AssertionError(f"vLLM API changed: {names} not found in {files} under {tree}")
+
+
+@functools.cache
+def vllm_ops(tree):
+    return vllm_source(tree, "v1/sample/ops/topk_topp_sampler.py", "apply_top_k_top_p_pytorch", "apply_top_k_only")
+
+
+# --- helpers ------------------------------------------------------------------------------------
+def random_logits(vocab, rows=3, seed=0, scale=2.0):
+    return (np.random.default_rng([seed, vocab]).standard_normal((rows, vocab)) * scale).astype(np.float32)
+
+
+def kept_tokens(logits) -> np.ndarray:
+    return np.isfinite(np.asarray(logits, dtype=np.float64))
+
+
+def assert_processing_matches(vllm_logits: torch.Tensor, logits32: np.ndarray, params, engine, where=""):
+    """vLLM's processed logits (float32, -inf removed) against the reference: the kept set
+    exactly, the probabilities to 1e-6."""
+    got = vllm_logits.detach().cpu().double()
+    want_kept = kept_tokens(processed_logits(logits32.astype(np.float64), params, engine))
+    got_kept = kept_tokens(got.numpy())
+    assert (got_kept == want_kept).all(), f"{where}: kept sets differ in rows {np.flatnonzero((got_kept != want_kept).any(1))}"
+    got_probs = torch.softmax(vllm_logits.float(), dim=-1).double().numpy()
+    want_probs = processed_probs(logits32.astype(np.float64), params, engine)
+    assert np.abs(got_probs - want_probs).max() <= 1e-6, f"{where}: max |dp| {np.abs(got_probs - want_probs).max():.3g}"
+
+
+def per_row(rows, value, dtype):
+    return torch.full((rows,), value, dtype=dtype)
+
+
+def dyadic_row(weights):
+    """Logits whose softmax is exactly ``weights / sum`` (dyadic, summing to a power of two) in
+    float64 NumPy and in float32 torch here; skip where this platform's exp is not exact."""
+    weights = np.asarray(weights, dtype=np.float64)
+    x = np.log(weights / weights.max())  # the maximum at 0: softmax subtracts it exactly
+    probs = weights / weights.sum()
+    e = np.exp(x - x.max())
+    ours = torch.softmax(torch.tensor(x, dtype=torch.float32), dim=-1).double().numpy()
+    if not ((e / e.sum() == probs).all() and (ours == probs).all()):
+        pytest.skip("this platform's exp does not give the exact dyadic probabilities the boundary cases need")
+    return x[None, :], probs
+
+
+# --- sort path: apply_top_k_top_p_pytorch / apply_top_k_only ------------------------------------
+PARAMS_BY_VOCAB = {
+    1: [dict(top_k=1), dict(top_p=0.3), dict(top_k=1, top_p=0.5)],
+    2: [dict(top_k=1), dict(top_p=0.6), dict(top_k=2, top_p=0.9)],
+    7: [dict(top_k=3), dict(top_p=0.95), dict(top_k=5, top_p=0.9)],
+    1000: [dict(top_k=50), dict(top_p=0.9), dict(top_k=200, top_p=0.75), dict(top_k=1000, top_p=0.5)],
+}
+
+
+RANDOM_CASES = [(v, kw) for v, kws in PARAMS_BY_VOCAB.items() for kw in kws]
+
+
+V1_CASES = {
+    "V1": (1, dict(temperature=0.7, top_k=1, top_p=0.5, min_p=0.1, logit_bias=((0, 3.0),))),
+    "V2": (2, dict(temperature=1.3, min_p=0.3)),
+    "V7": (7, dict(temperature=0.5, top_k=4, top_p=0.8, min_p=0.05, logit_bias=((6, 2.5), (1, -1.0)))),
+    "V1000-all": (1000, dict(temperature=0.8, top_k=100, top_p=0.85, min_p=0.02, logit_bias=((3, 4.0), (999, -2.0), (10, 1.5)))),
+    "V1000-min_p": (1000, dict(temperature=1.7, min_p=0.15)),
+    "V1000-top_p-min_p": (1000, dict(temperature=0.4, top_p=0.6, min_p=0.001)),
+}
