@@ -89,3 +89,15 @@ def _register_hypothesis_profiles():
 
 
 _register_hypothesis_profiles()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny tensors: waking torch's thread pool costs more than the work (~7 ms a softmax on
+    a loaded 2-core machine); the session's setting comes back after the module."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

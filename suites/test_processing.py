@@ -53,15 +53,7 @@ from suites.helpers import (
     vllm_source,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: waking torch's thread pool costs more than the work (~7 ms a softmax on
-    a loaded 2-core machine); the session's setting comes back after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("tree", VLLM_TREES)

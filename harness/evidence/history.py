@@ -28,6 +28,11 @@ SCHEMA_VERSION = 2  # the header's user_version; a reader refuses a higher one, 
 # a field added to the record is a column of the history, with no second declaration here.
 RECORD_COLUMNS = record_columns()
 _JSON_COLUMNS = {name for name, kind, _ in RECORD_COLUMNS if kind == "JSON"}
+_RECORDS_TABLE = f"""CREATE TABLE records (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    {", ".join(f'"{name}" {"TEXT" if kind == "JSON" else kind}{" NOT NULL" * required}' for name, kind, required in RECORD_COLUMNS)}
+)"""
+_RECORDS_INDEX = 'CREATE INDEX records_key ON records(backend, scenario, template, "check")'
 SCHEMA = f"""
 CREATE TABLE runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -40,11 +45,8 @@ CREATE TABLE runs (
     environment TEXT NOT NULL,
     command TEXT
 );
-CREATE TABLE records (
-    run_id INTEGER NOT NULL REFERENCES runs(id),
-    {", ".join(f'"{name}" {"TEXT" if kind == "JSON" else kind}{" NOT NULL" * required}' for name, kind, required in RECORD_COLUMNS)}
-);
-CREATE INDEX records_key ON records(backend, scenario, template, "check");
+{_RECORDS_TABLE};
+{_RECORDS_INDEX};
 """
 # Version 1 (and the unmarked histories before it) stored these record columns; an append
 # upgrades such a file to the current schema in the append's own transaction.
@@ -52,9 +54,9 @@ _V1_RECORD_COLUMNS = [
     "run_id", "backend", "scenario", "template", "check_name", "verdict", "kind", "p_value", "alpha", "trials",
     "detectable_tv", "tv_estimate", "tv_lo", "tv_hi", "message", "reproducer",
 ]  # fmt: skip
-_V1_UPGRADE = """
+_V1_UPGRADE = f"""
 ALTER TABLE records RENAME TO records_v1;
-{create_records};
+{_RECORDS_TABLE};
 INSERT INTO records (run_id, backend, scenario, template, "check", verdict, kind, message, reproducer, p_value, alpha,
     trials, detectable_tv, tv_estimate, tv_ci)
     SELECT run_id, backend, scenario, template, check_name, verdict, kind, coalesce(message, ''), coalesce(reproducer, ''),
@@ -62,7 +64,7 @@ INSERT INTO records (run_id, backend, scenario, template, "check", verdict, kind
         CASE WHEN tv_lo IS NULL OR tv_hi IS NULL THEN NULL ELSE json_array(tv_lo, tv_hi) END
     FROM records_v1 ORDER BY rowid;
 DROP TABLE records_v1;
-CREATE INDEX records_key ON records(backend, scenario, template, "check")
+{_RECORDS_INDEX}
 """
 
 _MAGIC = b"SQLite format 3\x00"
@@ -466,8 +468,7 @@ def _insert(target: str, path: str, mode: str, run: tuple, records: list[tuple])
                 else:
                     _quick_check(conn, path)
                 if kind in ("v1", "legacy"):
-                    create_records = SCHEMA[SCHEMA.index("CREATE TABLE records") :].split(";")[0]
-                    _execute_script(conn, _V1_UPGRADE.format(create_records=create_records))
+                    _execute_script(conn, _V1_UPGRADE)
                 if kind != "current":
                     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

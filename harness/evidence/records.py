@@ -35,9 +35,6 @@ class Kind(enum.StrEnum):
         return self in (Kind.GOF, Kind.BINOMIAL)
 
 
-VERDICTS = tuple(v.value for v in Verdict)
-
-
 @dataclass(frozen=True)
 class AcceptanceStep:
     """Step ``step``'s conditional acceptance P(N >= j+1 | N >= j): observed among the
