@@ -50,7 +50,35 @@ logits_dtype       str                    "float32", "bfloat16" or "float16": th
 method_codes       tuple[int] or None     the distinct codes ``methods`` holds, when the
                                           batch's builder knows them on the host (a device
                                           batch): reading them costs no device sync.
+top_k              [B] int64 or None      per-request top-k over the target (0 = off).
+top_p              [B] float64 or None    per-request top-p over the target (1 = off).
+min_p              [B] float64 or None    per-request min-p over the target (0 = off).
+processing         str or None            whose top-k/top-p rules the law follows at an
+                                          exact tie on a boundary ("vllm", "vllm-sort"),
+                                          when a request's law depends on them; else None.
+draft_sampling     str or None            None: the drafts are ``draft_tokens``. Else the
+                                          backend drafts (below): "probabilistic" or "greedy".
 =================  =====================  ==================================================
+
+**The backend's own drafter.** A backend with ``drafter = True`` may receive batches with
+``draft_sampling`` set: it then draws every draft itself with its engine's draft-sampling
+code and verifies those. Draft ``j`` of request ``r`` comes from the draft row
+``draft_logits[cu_num_drafts[r] + j]``: with "probabilistic" from ``softmax(row / T)``
+(T = 0: its argmax), with "greedy" its argmax at any T (ties to the lowest id), keyed by
+``seeds[r]`` and ``positions`` of the target row that verifies it (vLLM: ``pos = t + j``).
+``draft_tokens`` holds -1 and is not read. Greedy drafts are verified as point masses (the
+engine passes no draft distribution then); probabilistic ones against ``softmax(row / T)``.
+``sample`` returns ``(tokens, num_emitted, drafts)``, ``drafts`` ``[D]`` the ids it drew
+(every step, also past a rejection): the suite checks that they follow the law above, and
+that what was emitted follows the target's, lossless end to end.
+
+**Sampling parameters.** With ``top_k``, ``top_p`` or ``min_p`` a request verifies against
+the *processed* target: ``reference.processing.processed_probs``, vLLM's definition (min-p
+on the tempered distribution, then top-k, then top-p over the renormalized survivors). The
+draft distribution is ``softmax(draft_logits / T)`` only, as engines' drafters use it. Greedy
+requests (T = 0) ignore them. A backend applies them with its engine's own code, or declines
+(``supports``) what its engine does not apply; one whose tie rules differ from
+``processing`` (when that is set) declines too.
 """
 
 from dataclasses import dataclass, fields
@@ -153,6 +181,21 @@ class VerifyBatch:
     method_codes : tuple of int, or None
         The distinct codes ``methods`` holds, when the batch's builder knows them on the
         host (a device batch): reading them costs no device sync. None: read ``methods``.
+    top_k : ndarray of int64, shape (B,), or None
+        Per-request top-k over the target, ``0`` = disabled (as is any ``k >= V``); None:
+        disabled for every request.
+    top_p : ndarray of float64, shape (B,), or None
+        Per-request top-p in ``(0, 1]``, ``1`` = disabled; None: disabled for every request.
+    min_p : ndarray of float64, shape (B,), or None
+        Per-request min-p in ``[0, 1]``, ``0`` = disabled; None: disabled for every request.
+    draft_sampling : str or None
+        None: verify ``draft_tokens``. ``"probabilistic"`` or ``"greedy"``: a backend with
+        ``drafter = True`` draws the drafts itself (module docstring) and returns them too.
+    processing : str or None
+        ``"vllm"`` (vLLM's Triton top-k/top-p: exactly k, ties to the lowest ids) or
+        ``"vllm-sort"`` (its sort path: every tie at the k-th value stays), the rules the
+        law follows, set when some request's law depends on them (an exact tie on a top-k
+        or top-p boundary); None when the two agree on every request.
     """
 
     target_logits: np.ndarray
@@ -168,6 +211,22 @@ class VerifyBatch:
     request_slots: np.ndarray | None = None
     logits_dtype: str = "float32"
     method_codes: tuple[int, ...] | None = None
+    top_k: np.ndarray | None = None
+    top_p: np.ndarray | None = None
+    min_p: np.ndarray | None = None
+    processing: str | None = None
+    draft_sampling: str | None = None
+
+    @property
+    def has_sampling_params(self) -> bool:
+        """Whether any request may have top-k, top-p or min-p (a field is not None).
+
+        Returns
+        -------
+        bool
+            True when ``top_k``, ``top_p`` or ``min_p`` is given.
+        """
+        return any(x is not None for x in (self.top_k, self.top_p, self.min_p))
 
     @property
     def num_requests(self) -> int:
@@ -210,7 +269,8 @@ class VerifyBatch:
         draft logit, draft ids in ``[0, V)`` or ``-1``, temperatures finite and ``>= 0``,
         known method codes (and ``method_codes`` their distinct set), ``max_drafts`` at
         least the widest request, distinct non-negative ``request_slots``, a known
-        ``logits_dtype``, and rates in ``[0, 1]`` for synthetic requests.
+        ``logits_dtype``, sampling parameters in range, a known ``processing``, and rates in
+        ``[0, 1]`` for synthetic requests.
 
         Returns
         -------
@@ -263,6 +323,23 @@ class VerifyBatch:
             raise ValueError("request_slots: expected distinct non-negative slots, one per request")
         if self.logits_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"logits_dtype: expected float32, bfloat16 or float16, got {self.logits_dtype!r}")
+        for name, ok, what in (
+            ("top_k", lambda x: x >= 0, "integers >= 0 (0 = off)"),
+            ("top_p", lambda x: (x > 0) & (x <= 1), "numbers in (0, 1]"),
+            ("min_p", lambda x: (x >= 0) & (x <= 1), "numbers in [0, 1]"),
+        ):
+            x = getattr(self, name)
+            if x is None:
+                continue
+            integral = np.issubdtype(x.dtype, np.integer)
+            if x.shape != (b,) or (name == "top_k") != integral or not np.all(ok(x)):
+                raise ValueError(f"{name}: expected {b} {what}, got shape {x.shape} dtype {x.dtype}")
+        if self.draft_sampling not in (None, "probabilistic", "greedy"):
+            raise ValueError(f"draft_sampling: expected None, 'probabilistic' or 'greedy', got {self.draft_sampling!r}")
+        if self.draft_sampling is not None and self.draft_logits is None:
+            raise ValueError("draft_sampling: the backend's drafter needs draft_logits")
+        if self.processing not in (None, "vllm", "vllm-sort"):
+            raise ValueError(f"processing: expected None, 'vllm' or 'vllm-sort', got {self.processing!r}")
         synthetic = self.methods == Method.SYNTHETIC
         if synthetic.any():
             rates = self.synthetic_rates
@@ -287,7 +364,7 @@ class VerifyBatch:
             Field name to value: every array field as a torch tensor of the same dtype on
             ``device`` (NumPy arrays are made contiguous and converted; tensors of a device
             batch are moved), every other field (``max_drafts``, ``logits_dtype``,
-            ``method_codes``, a None array field) unchanged.
+            ``method_codes``, ``processing``, a None array field) unchanged.
         """
         import torch
 
@@ -375,6 +452,43 @@ def checked_outputs(result, num_requests: int, max_drafts: int):
     if shape != (num_requests,):
         raise ValueError(f"backend output: num_emitted shape {shape}, expected {(num_requests,)}")
     return tokens, emitted
+
+
+def as_numpy_drafted_outputs(result, num_requests: int, max_drafts: int, num_drafts: int):
+    """``as_numpy_outputs`` for a batch the backend drafted itself (``draft_sampling``): a
+    ``(tokens, num_emitted, drafts)`` tuple, ``drafts`` ``[num_drafts]`` integer ids.
+
+    Parameters
+    ----------
+    result : object
+        What ``Backend.sample`` returned.
+    num_requests, max_drafts, num_drafts : int
+        ``B``, ``K`` and ``D`` of the batch.
+
+    Returns
+    -------
+    tokens, num_emitted, drafts : ndarray of int64
+        As ``as_numpy_outputs``, and the drafts the backend drew.
+
+    Raises
+    ------
+    ValueError
+        If ``result`` is not a 3-tuple or an element has the wrong shape.
+    MalformedOutputs
+        If an element is not an integer array.
+    """
+    if not (isinstance(result, tuple) and len(result) == 3):
+        raise ValueError("backend output: a batch the backend drafts needs a (tokens, num_emitted, drafts) tuple")
+    tokens, emitted = as_numpy_outputs(result[:2], num_requests, max_drafts)
+    drafts = result[2].cpu() if hasattr(result[2], "cpu") else result[2]
+    shape = tuple(drafts.shape) if hasattr(drafts, "shape") else np.shape(drafts)
+    if shape != (num_drafts,):
+        raise ValueError(f"backend output: drafts shape {shape}, expected {(num_drafts,)}")
+    try:
+        check_integer_outputs(drafts, emitted)
+    except MalformedOutputs as e:
+        raise MalformedOutputs(str(e).replace("tokens:", "drafts:", 1)) from None
+    return tokens, emitted, np.asarray(drafts).astype(np.int64)
 
 
 class MalformedOutputs(ValueError):

@@ -31,15 +31,15 @@ def softmax_rows(logits: np.ndarray, temperature) -> np.ndarray:
 
 def repeat_period(rows: np.ndarray, temperature: np.ndarray, tries: int = 4) -> int:
     """The least ``p`` such that row ``i + p`` equals row ``i``, bit for bit, and has its
-    temperature, for every ``i``; ``len(rows)`` when none of the first ``tries`` rows equal
+    temperature (``[rows]``, or ``[rows, m]``: a row's temperature and other parameters), for every ``i``; ``len(rows)`` when none of the first ``tries`` rows equal
     to row 0 starts such a period, when there are fewer than 2 rows, or when rows are not
     compared (their elements are read as unsigned integers of their width: none wider than
     8 bytes, no complex or object rows)."""
     if len(rows) < 2 or rows.dtype.kind not in "fiu" or rows.itemsize > 8:
         return len(rows)
     bits = np.ascontiguousarray(rows).view(f"u{rows.itemsize}")
-    t = np.ascontiguousarray(temperature, dtype=np.float64).view(np.uint64)
-    like_first = np.flatnonzero((bits[1:] == bits[0]).all(axis=1) & (t[1:] == t[0])) + 1
+    t = np.ascontiguousarray(temperature, dtype=np.float64).reshape(len(rows), -1).view(np.uint64)
+    like_first = np.flatnonzero((bits[1:] == bits[0]).all(axis=1) & (t[1:] == t[0]).all(axis=1)) + 1
     for p in like_first[:tries]:
         if (t[p:] == t[:-p]).all() and (bits[p:] == bits[:-p]).all():
             return int(p)

@@ -188,7 +188,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from reference.distributions import degenerate_rows, greedy_tokens
+from reference.distributions import degenerate_rows, greedy_tokens, softmax_rows
 
 SAMPLING_EPS = 1e-5  # vllm/sampling_params.py::_SAMPLING_EPS: greedy below; min_p above it is rejected with drafts
 MIN_TEMPERATURE = 1e-2  # vllm/sampling_params.py::_MAX_TEMP: 0 < T < this is raised to it
@@ -471,3 +471,34 @@ def processed_draft_probs(draft_logits, params: SamplingParams, engine: str = "v
     probs = _softmax(x / _f32(params.temperature))
     probs[bad] = _one_hot(np.zeros(int(bad.sum()), dtype=np.int64), shape[-1])
     return probs.reshape(shape)
+
+
+def processed_rows(logits, temperature, top_k=None, top_p=None, min_p=None, engine: str = "vllm") -> np.ndarray:
+    """``processed_probs`` of each row with its own parameters: ``temperature``, ``top_k``
+    (0 = disabled), ``top_p`` (1 = disabled) and ``min_p`` (0 = disabled) are per-row arrays
+    (the last three may be None: disabled for every row). Rows sharing their parameters are
+    processed together. float64 rows summing to 1, shape ``[rows, vocab]``."""
+    x = np.asarray(logits)
+    n = x.shape[0]
+
+    def column(values, off):
+        return np.full(n, off, dtype=np.float64) if values is None else np.asarray(values, dtype=np.float64).reshape(n)
+
+    keys = np.stack([column(temperature, 1.0), column(top_k, 0), column(top_p, 1.0), column(min_p, 0.0)], axis=1)
+    out = np.empty(x.shape, dtype=np.float64)
+    groups, which = np.unique(keys, axis=0, return_inverse=True)
+    for g, (t, k, p, m) in enumerate(groups):
+        rows = np.flatnonzero(which.reshape(-1) == g)
+        if k == 0 and p >= 1.0 and m == 0:  # nothing but temperature: any T the protocol allows
+            out[rows] = softmax_rows(x[rows], t)
+            continue
+        params = SamplingParams(float(t), int(k) or None, None if p >= 1.0 else float(p), float(m) or None)
+        out[rows] = processed_probs(x[rows], params, engine)
+    return out
+
+
+def tie_dependent(logits, params: SamplingParams) -> bool:
+    """Whether ``processed_probs`` of these rows differs between vLLM's two top-k/top-p
+    implementations (``"vllm"``: the Triton kernel, ``"vllm-sort"``: the sort path): only at
+    an exact tie on a top-k or top-p boundary, or on a uniform row under top-p."""
+    return not np.array_equal(processed_probs(logits, params, "vllm"), processed_probs(logits, params, "vllm-sort"))

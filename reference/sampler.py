@@ -9,9 +9,11 @@ Each step of the algorithm is a method, so a planted fault (``harness.backends.f
 exactly one of them.
 """
 
+import dataclasses
+
 import numpy as np
 
-from reference import rules
+from reference import processing, rules
 from reference.distributions import RepeatingRows, pad_vocab, repeat_period, softmax_rows
 from reference.methods import Method
 from reference.rng import Stream, uniforms
@@ -21,6 +23,7 @@ class ReferenceSampler:
     """Greedy, strict, standard (with or without draft probabilities), block, synthetic."""
 
     stop_at_rejection = True  # a rejection ends the request's verification
+    drafter = True  # draws its own drafts when a batch asks (``draft_sampling``)
 
     # --- inputs -----------------------------------------------------------------------
     def request_temperature(self, batch) -> np.ndarray:
@@ -29,8 +32,23 @@ class ReferenceSampler:
     def request_seeds(self, batch) -> np.ndarray:
         return np.asarray(batch.seeds)
 
+    def request_params(self, batch):
+        """Per-request (top_k, top_p, min_p) in the protocol's spelling (0, 1, 0 = off), or None
+        when the batch has none."""
+        if all(getattr(batch, name, None) is None for name in ("top_k", "top_p", "min_p")):
+            return None
+        n = len(batch.temperature)
+        return [
+            np.full(n, off, np.float64) if getattr(batch, name) is None else np.asarray(getattr(batch, name), np.float64)
+            for name, off in (("top_k", 0.0), ("top_p", 1.0), ("min_p", 0.0))
+        ]
+
     def target_probs(self, logits: np.ndarray, temperature: np.ndarray) -> np.ndarray:
         return softmax_rows(logits, temperature)
+
+    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine: str) -> np.ndarray:
+        """Target rows with their requests' top-k / top-p / min-p (``reference.processing``)."""
+        return processing.processed_rows(logits, temperature, top_k, top_p, min_p, engine)
 
     def draft_probs(self, logits, temperature: np.ndarray, vocab_size: int):
         if logits is None:
@@ -46,6 +64,27 @@ class ReferenceSampler:
             owner = np.searchsorted(cu_num_drafts, holes, side="right") - 1
             np.minimum.at(out, owner, holes - cu_num_drafts[owner])
         return out
+
+    # --- its own drafter (``draft_sampling``) ------------------------------------------
+    def draft_rows_probs(self, logits, temperature: np.ndarray, sampling: str, vocab_size: int) -> np.ndarray:
+        """The law each draft is drawn from: ``softmax(row / T)``, the argmax when greedy or T = 0."""
+        t = np.zeros_like(temperature) if sampling == "greedy" else temperature
+        return pad_vocab(softmax_rows(logits, t), vocab_size)
+
+    def draft_uniforms(self, seeds, positions):
+        """The drafter's noise: its own stream, keyed like the verifier's by (seed, position)."""
+        return uniforms(seeds, positions, Stream.DRAFT)
+
+    def draw_drafts(self, batch) -> np.ndarray:
+        """Draft ``j`` of request ``r`` from its draft row, keyed by the position of the row verifying it."""
+        cu = np.asarray(batch.cu_num_drafts, dtype=np.int64)
+        counts = np.diff(cu)
+        owner = np.repeat(np.arange(counts.size), counts)
+        rows = np.arange(int(cu[-1])) + owner  # the target row verifying each draft
+        temperature = np.asarray(batch.temperature, dtype=np.float64)[owner]
+        probs = self.draft_rows_probs(np.asarray(batch.draft_logits), temperature, batch.draft_sampling, batch.vocab_size)
+        u = self.draft_uniforms(np.asarray(batch.seeds)[owner], np.asarray(batch.positions)[rows])
+        return rules.inverse_cdf(probs, u)
 
     # --- one draft step ---------------------------------------------------------------
     def accept(self, method, target_rows, draft_rows, x, u_accept, rates, target_sample):
@@ -82,6 +121,19 @@ class ReferenceSampler:
 
     # --- the whole batch --------------------------------------------------------------
     def sample(self, batch):
+        sampling = getattr(batch, "draft_sampling", None)
+        if sampling is None:
+            return self.verify(batch)
+        drafts = self.draw_drafts(batch)
+        # Greedy drafts come with no draft distribution: the engine verifies them as point masses.
+        verified = self.verify(
+            dataclasses.replace(
+                batch, draft_tokens=drafts, draft_logits=None if sampling == "greedy" else batch.draft_logits, draft_sampling=None
+            )
+        )
+        return (*verified, drafts)
+
+    def verify(self, batch):
         cu = np.asarray(batch.cu_num_drafts, dtype=np.int64)
         num_reqs = cu.size - 1
         counts = np.diff(cu)
@@ -95,7 +147,17 @@ class ReferenceSampler:
         vocab = batch.target_logits.shape[-1]
         width = int(batch.max_drafts) + 1
 
-        target = _per_period(self.target_probs, batch.target_logits, np.repeat(temperature, counts + 1))
+        params = self.request_params(batch)
+        row_temperature = np.repeat(temperature, counts + 1)
+        if params is None:
+            target = _per_period(self.target_probs, batch.target_logits, row_temperature)
+        else:
+            engine = getattr(batch, "processing", None) or "vllm"
+
+            def processed(logits, temperature, top_k, top_p, min_p):
+                return self.processed_target_probs(logits, temperature, top_k, top_p, min_p, engine)
+
+            target = _per_period(processed, batch.target_logits, row_temperature, [np.repeat(x, counts + 1) for x in params])
         draft = _per_period(lambda x, t: self.draft_probs(x, t, vocab), batch.draft_logits, np.repeat(temperature, counts))
         num_drafts = self.effective_draft_counts(drafts, cu)
 
@@ -210,13 +272,14 @@ class ReferenceSampler:
         emitted[reqs] = stop + 1
 
 
-def _per_period(probs_of, logits, temperature):
-    """``probs_of(logits, temperature)`` computed on one period of rows and standing for
-    every row (``RepeatingRows``) where the rows and their temperatures repeat bit for bit,
-    as a batch of trials repeats its templates' rows: each row still gets its own result."""
+def _per_period(probs_of, logits, temperature, params=()):
+    """``probs_of(logits, temperature, *params)`` computed on one period of rows and standing
+    for every row (``RepeatingRows``) where the rows, their temperatures and ``params``
+    (per-row arrays) repeat bit for bit, as a batch of trials repeats its templates' rows:
+    each row still gets its own result."""
     if logits is None:
         return probs_of(None, temperature)
     logits = np.asarray(logits)
-    period = repeat_period(logits, temperature)
-    probs = probs_of(logits[:period], temperature[:period])
+    period = repeat_period(logits, np.column_stack([temperature, *params]) if params else temperature)
+    probs = probs_of(logits[:period], temperature[:period], *(x[:period] for x in params))
     return None if probs is None else RepeatingRows(probs, len(logits))

@@ -59,7 +59,8 @@ def test_hash_and_uniforms_match_the_reference_bit_for_bit():
     "name",
     [
         "standard-sampled", "standard-permuted-slots", "synthetic-mixed-batch", "standard-zero-drafts", "block-placeholder",
-        "standard-bf16", "block-sampled", "standard-aligned-positions", "greedy-ragged",
+        "standard-bf16", "block-sampled", "standard-aligned-positions", "greedy-ragged", "standard-top-k-top-p",
+        "standard-top-k-ties", "block-top-p",
     ],
 )  # fmt: skip
 def test_device_batches_equal_host_batches(name, path):
@@ -71,7 +72,8 @@ def test_device_batches_equal_host_batches(name, path):
         host = trials(s, templates, first, count)
         batch, drafts = built.chunk(first, count)
         assert np.array_equal(drafts.cpu().numpy(), host.drafts)
-        for field in ("draft_tokens", "cu_num_drafts", "temperature", "seeds", "positions", "methods", "synthetic_rates", "request_slots"):
+        fields = ("draft_tokens", "cu_num_drafts", "temperature", "seeds", "positions", "methods", "synthetic_rates", "request_slots")
+        for field in fields + ("top_k", "top_p", "min_p"):
             want, got = getattr(host.batch, field), getattr(batch, field)
             assert (want is None) == (got is None), field
             if want is not None:
@@ -82,6 +84,7 @@ def test_device_batches_equal_host_batches(name, path):
             if want is not None:
                 assert np.array_equal(got.float().cpu().numpy(), want, equal_nan=True), field
         assert batch.logits_dtype == s.dtype and batch.max_drafts == host.batch.max_drafts
+        assert batch.processing == host.batch.processing
         assert batch.method_codes == tuple(np.unique(host.batch.methods).tolist())
     with pytest.raises(ValueError, match="outside the prepared range"):
         built.chunk(1005, 5)

@@ -39,6 +39,13 @@ EXPECTED = {
     "synthetic-decay-too-low": ({"acceptance-rate[0]"}, "synthetic-mean-rate"),
     "greedy-bonus-sampled": ({"outcome-law"}, "greedy-ragged"),
     "block-token-wise": ({"outcome-law", "acceptance-length"}, "block-fixed"),
+    "min-p-skipped": ({"outcome-law", "acceptance-length"}, "standard-min-p"),
+    "top-p-drops-boundary": ({"outcome-law", "position-law"}, "standard-top-p"),
+    "top-p-before-temperature": ({"outcome-law"}, "standard-top-p"),
+    "drafter-shares-noise": ({"position-law"}, "engine-drafted"),
+    "drafter-after-processor": ({"draft-law"}, "engine-drafted"),
+    "drafter-other-precision": ({"draft-law"}, "engine-drafted-offset"),
+    "greedy-drafts-verified-with-probs": ({"position-law"}, "engine-greedy-drafter"),
 }
 
 

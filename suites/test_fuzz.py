@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from harness.backends import load_backend
 from harness.run.runner import run
+from harness.sampling.sample import per_trial_drafts
 from harness.sampling.tally import TemplateTally, add_outputs
 from harness.scenarios.materialize import materialize, trials
 from harness.scenarios.profiles import get_profile
@@ -79,19 +80,23 @@ def test_reference_at_tile_boundaries(scenario):
 
 
 def sample_once(backend, scenario, count=16):
+    """(templates, trials, tokens, emitted, drafts [count, T, K]): the backend's own drafts
+    when it drew them (``draft_mode`` "engine")."""
     templates = materialize(scenario)
     tr = trials(scenario, templates, 0, count)
-    tokens, emitted = (np.asarray(x.cpu() if hasattr(x, "cpu") else x) for x in backend.sample(tr.batch.validate()))
-    return templates, tr, tokens, emitted
+    out = backend.sample(tr.batch.validate())
+    tokens, emitted = (np.asarray(x.cpu() if hasattr(x, "cpu") else x) for x in out[:2])
+    drafts = tr.drafts if len(out) == 2 else per_trial_drafts(np.asarray(out[2]), templates, count, scenario.max_drafts)
+    return templates, tr, tokens, emitted, drafts
 
 
 @given(scenarios(), st.integers(1, 6))
 def test_same_seed_same_output_whatever_the_batch_mates(scenario, stride):
     """A request's output depends on its own seed and positions, not on its batch mates."""
     backend = load_backend("reference")
-    _, tr, tokens, emitted = sample_once(backend, scenario)
+    _, tr, tokens, emitted, _ = sample_once(backend, scenario)
     keep = np.arange(tr.batch.num_requests)[::stride]
-    sub_tokens, sub_emitted = backend.sample(without_mates(tr.batch, keep))
+    sub_tokens, sub_emitted = backend.sample(without_mates(tr.batch, keep))[:2]
     np.testing.assert_array_equal(sub_emitted, emitted[keep])
     for r, n in enumerate(sub_emitted):
         np.testing.assert_array_equal(sub_tokens[r, :n], tokens[keep[r], :n])
@@ -101,7 +106,8 @@ def test_same_seed_same_output_whatever_the_batch_mates(scenario, stride):
 def test_nothing_past_the_emitted_count_is_read(scenario):
     """Slots past ``num_emitted`` are garbage in some engines (vLLM MRV2): the tally ignores them."""
     backend = load_backend("reference")
-    templates, tr, tokens, emitted = sample_once(backend, scenario)
+    templates, tr, tokens, emitted, drafts = sample_once(backend, scenario)
+    drafted = scenario.draft_mode == "engine"
     rng = np.random.default_rng(scenario.seed)
     garbage = tokens.copy()
     slot = np.arange(tokens.shape[1])[None, :]
@@ -109,8 +115,8 @@ def test_nothing_past_the_emitted_count_is_read(scenario):
     garbage[past] = rng.integers(-(2**40), 2**40, size=int(past.sum()))
     clean = [TemplateTally(t.effective_drafts, scenario.vocab_size) for t in templates]
     dirty = [TemplateTally(t.effective_drafts, scenario.vocab_size) for t in templates]
-    add_outputs(clean, tokens, emitted, tr.drafts, 0)
-    add_outputs(dirty, garbage, emitted, tr.drafts, 0)
+    add_outputs(clean, tokens, emitted, drafts, 0, drafted)
+    add_outputs(dirty, garbage, emitted, drafts, 0, drafted)
     for a, b in zip(clean, dirty):
         assert a.violations == b.violations == 0
         np.testing.assert_array_equal(a.outcome, b.outcome)
@@ -177,7 +183,9 @@ def test_the_fuzzer_finds_planted_faults(fault):
         return run([f"fault:{fault}"], [scenario], profile).failed
 
     found = find(scenarios(), fails, settings=settings(max_examples=SEARCH, derandomize=True, database=None, deadline=None))
-    assert len(found.requests) <= 2 and max(r.num_drafts for r in found.requests) <= 3
+    # Small: few target rows in all (a template the failure needs may keep a draft-less mate:
+    # removing it changes the others' logits, which come from the seed and template index).
+    assert sum(r.num_drafts + 1 for r in found.requests) <= 6 and max(r.num_drafts for r in found.requests) <= 3, found
 
 
 # The example the GPU fuzzer found for vLLM V1 (docs/verification-results.md): draft id 0 is outside

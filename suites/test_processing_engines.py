@@ -12,13 +12,16 @@ import pytest
 import torch
 
 from harness.gpus import gpu_skip_reason
+from reference.distributions import softmax_rows
 from reference.processing import (
     ENGINES,
     SamplingParams,
     processed_draft_probs,
     processed_logits,
     processed_probs,
+    processed_rows,
     spec_decode_params,
+    tie_dependent,
 )
 from suites.helpers import (
     NEG_INF,
@@ -407,3 +410,22 @@ def test_mrv2_kernels_match_reference_gpu():
         except AssertionError as e:
             bad.append(str(e))
     assert not bad, bad
+
+
+# --- per-row parameters and tie dependence (what the laws and the reference sampler use) ----------
+def test_processed_rows_processes_each_row_with_its_own_parameters():
+    rows = random_logits(9, rows=6, seed=11)
+    temps, ks, ps, ms = [1.0, 0.5, 1.5, 0.0, 1.0, 2.0], [0, 3, 0, 2, 1, 4], [1.0, 0.8, 0.5, 0.3, 1.0, 0.9], [0, 0.1, 0, 0, 0, 0.05]
+    got = processed_rows(rows, np.array(temps), np.array(ks), np.array(ps), np.array(ms))
+    for i, (t, k, p, m) in enumerate(zip(temps, ks, ps, ms)):
+        params = SamplingParams(t, k or None, None if p >= 1 else p, m or None)
+        np.testing.assert_array_equal(got[i], processed_probs(rows[i : i + 1], params)[0])
+    # No parameter set: temperature only, at any temperature the protocol allows (vLLM's 0.01-2 range aside).
+    np.testing.assert_allclose(processed_rows(rows[:1], np.array([10.0])), softmax_rows(rows[:1], 10.0), rtol=0, atol=1e-15)
+
+
+def test_a_law_depends_on_the_tie_rules_only_at_an_exact_tie_on_a_boundary():
+    tied = np.array([[3.0, 2.0, 2.0, 0.5, 2.0, 1.0]])
+    assert tie_dependent(tied, SamplingParams(1.0, top_k=2))
+    assert not tie_dependent(tied, SamplingParams(1.0, top_k=1))  # the k-th value is not tied
+    assert not tie_dependent(random_logits(50, rows=4, seed=3), SamplingParams(0.7, top_k=5, top_p=0.8))

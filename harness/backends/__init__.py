@@ -32,6 +32,7 @@ class SamplerBackend:
     def __init__(self, name: str, sampler):
         self.name = name
         self._sampler = sampler
+        self.drafter = getattr(sampler, "drafter", False)  # draws its own drafts (VerifyBatch.draft_sampling)
 
     def sample(self, batch):
         return self._sampler.sample(batch)

@@ -207,8 +207,8 @@ class SeedCollision(ReferenceSampler):
 class BonusAfterReject(ReferenceSampler):
     """A bonus token is appended after a rejection too."""
 
-    def sample(self, batch):
-        tokens, emitted = super().sample(batch)
+    def verify(self, batch):
+        tokens, emitted = super().verify(batch)
         counts = self.effective_draft_counts(np.asarray(batch.draft_tokens), np.asarray(batch.cu_num_drafts))
         rejected = np.flatnonzero(emitted <= counts)
         tokens[rejected, emitted[rejected]] = tokens[rejected, emitted[rejected] - 1]
@@ -222,10 +222,10 @@ class PlaceholderAsIndex(ReferenceSampler):
     def effective_draft_counts(self, draft_tokens, cu_num_drafts):
         return np.diff(cu_num_drafts)
 
-    def sample(self, batch):
+    def verify(self, batch):
         vocab = batch.target_logits.shape[-1]
         wrapped = np.where(np.asarray(batch.draft_tokens) < 0, vocab - 1, batch.draft_tokens)
-        return super().sample(dataclasses.replace(batch, draft_tokens=wrapped))
+        return super().verify(dataclasses.replace(batch, draft_tokens=wrapped))
 
 
 class NoiseFloor(ReferenceSampler):
@@ -267,8 +267,8 @@ class OutOfVocabLaneWins(ReferenceSampler):
 class NanRowOutOfVocab(ReferenceSampler):
     """A NaN target row emits an out-of-range id (vLLM #21876 / #53029)."""
 
-    def sample(self, batch):
-        tokens, emitted = super().sample(batch)
+    def verify(self, batch):
+        tokens, emitted = super().verify(batch)
         cu = np.asarray(batch.cu_num_drafts)
         last_row = cu[:-1] + np.arange(cu.size - 1) + emitted - 1
         bad = np.isnan(np.asarray(batch.target_logits)[last_row]).any(axis=-1)
@@ -279,32 +279,32 @@ class NanRowOutOfVocab(ReferenceSampler):
 class SyntheticRatesAsConditional(ReferenceSampler):
     """Synthetic: unconditional per-position rates used as conditional ones."""
 
-    def sample(self, batch):
+    def verify(self, batch):
         if batch.synthetic_rates is None:
-            return super().sample(batch)
+            return super().verify(batch)
         wrong = np.cumprod(np.asarray(batch.synthetic_rates, dtype=np.float64), axis=1)
-        return super().sample(dataclasses.replace(batch, synthetic_rates=wrong))
+        return super().verify(dataclasses.replace(batch, synthetic_rates=wrong))
 
 
 class SyntheticDecayTooLow(ReferenceSampler):
     """Synthetic (a): the decay floor taken as 0.75 instead of 0.85."""
 
-    def sample(self, batch):
+    def verify(self, batch):
         if batch.synthetic_rates is None or batch.max_drafts == 0:
-            return super().sample(batch)
+            return super().verify(batch)
         rates = np.array(batch.synthetic_rates, dtype=np.float64)
         for row in np.unique(rates, axis=0):
             mean = float(np.mean(synth.conditional_to_unconditional(row)))
             base, decay = synth.base_and_decay(min(max(mean, 0.0), 1.0), row.size, min_decay=0.75)
             rates[(rates == row).all(axis=1)] = base * decay ** np.arange(row.size)
-        return super().sample(dataclasses.replace(batch, synthetic_rates=rates))
+        return super().verify(dataclasses.replace(batch, synthetic_rates=rates))
 
 
 class GreedyBonusSampled(ReferenceSampler):
     """Greedy requests draw their bonus token by sampling at temperature 1 instead of argmax."""
 
-    def sample(self, batch):
-        tokens, emitted = super().sample(batch)
+    def verify(self, batch):
+        tokens, emitted = super().verify(batch)
         counts = self.effective_draft_counts(np.asarray(batch.draft_tokens), np.asarray(batch.cu_num_drafts))
         cu = np.asarray(batch.cu_num_drafts)
         full = np.flatnonzero((np.asarray(batch.temperature) == 0) & (emitted == counts + 1))
@@ -318,9 +318,94 @@ class GreedyBonusSampled(ReferenceSampler):
 class BlockTokenWise(ReferenceSampler):
     """'Block verification' done token by token with the standard rule (vllm-ascend #7807)."""
 
-    def sample(self, batch):
+    def verify(self, batch):
         methods = np.where(np.asarray(batch.methods) == Method.BLOCK, Method.STANDARD, batch.methods).astype(np.int8)
-        return super().sample(dataclasses.replace(batch, methods=methods, method_codes=None))
+        return super().verify(dataclasses.replace(batch, methods=methods, method_codes=None))
+
+
+class MinPSkipped(ReferenceSampler):
+    """The verifier skips min-p although the request set it (vLLM #42744's class)."""
+
+    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine):
+        return super().processed_target_probs(logits, temperature, top_k, top_p, np.zeros_like(min_p), engine)
+
+
+class TopPDropsBoundary(ReferenceSampler):
+    """Top-p keeps the tokens whose inclusive prefix mass is <= p (the top one at least):
+    the token that reaches p is dropped."""
+
+    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine):
+        probs = super().processed_target_probs(logits, temperature, top_k, np.ones_like(top_p), min_p, engine)
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        mass = np.cumsum(np.take_along_axis(probs, order, axis=-1), axis=-1)
+        keep = mass <= np.asarray(top_p)[:, None]
+        keep[:, 0] = True
+        mask = np.zeros_like(keep)
+        np.put_along_axis(mask, order, keep, axis=-1)
+        applies = (np.asarray(top_p) < 1) & (np.asarray(temperature) > 0)
+        kept = np.where(applies[:, None] & ~mask, 0.0, probs)
+        return kept / kept.sum(axis=-1, keepdims=True)
+
+
+class TopPBeforeTemperature(ReferenceSampler):
+    """Top-p's set chosen on the distribution before temperature, then the temperature
+    applied to it: the engines' order temperature -> top-p broken."""
+
+    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine):
+        t = np.asarray(temperature)
+        untempered = super().processed_target_probs(logits, np.where(t > 0, 1.0, 0.0), top_k, top_p, min_p, engine)
+        probs = super().processed_target_probs(logits, temperature, top_k, np.ones_like(top_p), min_p, engine)
+        kept = np.where((t[:, None] > 0) & (untempered == 0), 0.0, probs)
+        return kept / kept.sum(axis=-1, keepdims=True)
+
+
+class DrafterSharesNoise(ReferenceSampler):
+    """The drafter draws with the verifier's residual noise at the same (seed, position): the
+    recovery token after a rejection reuses the draft's uniform (vLLM #47386, fixed by #54282)."""
+
+    def draft_uniforms(self, seeds, positions):
+        return uniforms(seeds, positions, Stream.RESIDUAL)
+
+
+class DrafterAfterProcessor(ReferenceSampler):
+    """The drafter samples after a top-2 processor while the verifier's q is taken from the
+    logits before it (HF #47932's class: q is not what the drafter sampled from)."""
+
+    def draft_rows_probs(self, logits, temperature, sampling, vocab_size):
+        probs = super().draft_rows_probs(logits, temperature, sampling, vocab_size)
+        second = -np.partition(-probs, 1, axis=-1)[:, 1:2]
+        kept = np.where(probs >= second, probs, 0.0)
+        return kept / kept.sum(axis=-1, keepdims=True)
+
+
+class DrafterOtherPrecision(ReferenceSampler):
+    """The drafter divides its logits by the temperature in bfloat16 while q is verified from
+    the full-precision division (DeepSpec #31's class: drafting and verification in other
+    precisions)."""
+
+    def draft_rows_probs(self, logits, temperature, sampling, vocab_size):
+        t = np.asarray(temperature, dtype=np.float64)
+        scaled = np.asarray(logits, dtype=np.float64) / np.where(t > 0, t, 1.0)[:, None]
+        rounded = torch_free_bfloat16(scaled)
+        return super().draft_rows_probs(rounded, np.where(t > 0, 1.0, 0.0), sampling, vocab_size)
+
+
+class GreedyDraftsVerifiedWithProbs(ReferenceSampler):
+    """Greedy drafts (the drafter's argmax) verified against the draft distribution instead of
+    the point mass the drafter used (HF #32867)."""
+
+    def sample(self, batch):
+        if getattr(batch, "draft_sampling", None) != "greedy":
+            return super().sample(batch)
+        drafts = self.draw_drafts(batch)
+        return (*self.verify(dataclasses.replace(batch, draft_tokens=drafts, draft_sampling=None)), drafts)
+
+
+def torch_free_bfloat16(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to bfloat16 (nearest even), as float64."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+    return np.where(np.isfinite(x), rounded.astype(np.uint32).view(np.float32), x).astype(np.float64)
 
 
 FAULTS = {
@@ -353,4 +438,11 @@ FAULTS = {
     "synthetic-decay-too-low": SyntheticDecayTooLow,
     "greedy-bonus-sampled": GreedyBonusSampled,
     "block-token-wise": BlockTokenWise,
+    "min-p-skipped": MinPSkipped,
+    "top-p-drops-boundary": TopPDropsBoundary,
+    "top-p-before-temperature": TopPBeforeTemperature,
+    "drafter-shares-noise": DrafterSharesNoise,
+    "drafter-after-processor": DrafterAfterProcessor,
+    "drafter-other-precision": DrafterOtherPrecision,
+    "greedy-drafts-verified-with-probs": GreedyDraftsVerifiedWithProbs,
 }

@@ -19,6 +19,9 @@ position-law       drafts drawn per trial, chain methods: product-multinomial ch
 acceptance-length  Chi-square test of the number of accepted drafts (synthetic: the closed form
                    P(N >= i+1) = r_i; lossless: the exact law's marginal).
 acceptance-rate[j] synthetic only: exact binomial test of step j's conditional acceptance.
+draft-law          drafts the backend's own drafter drew (``draft_mode`` "engine"): product-
+                   multinomial chi-square, one multinomial per step, against q (exact for a
+                   greedy drafter's argmax).
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -212,6 +215,18 @@ def _gof(name, template, probs, label, profile, source, segments=None, reach=Non
     return Check(name, template, design, evaluate, detectable, cells, "exact" if exact else "statistical")
 
 
+def _draft_check(i, drafter_law, profile) -> Check:
+    """draft-law: the drafts the backend's own drafter drew, step by step, against the law it
+    must draw from (product multinomial, one per step; exact for an argmax drafter)."""
+    d, vocab = drafter_law.shape
+    seg = np.repeat(np.arange(d), vocab).reshape(d, vocab)
+    return _gof("draft-law", i, drafter_law, lambda cell: f"step {cell // vocab} draft={cell % vocab}", profile, _drafted, seg, np.ones(d))
+
+
+def _drafted(tally: TemplateTally) -> np.ndarray:
+    return tally.drafted if tally.drafted is not None else np.zeros((tally.effective_drafts, tally.vocab), dtype=np.int64)
+
+
 def _step_label(d, vocab):
     def label(cell):
         j, a, y = cell // (2 * vocab), cell // vocab % 2, cell % vocab
@@ -266,6 +281,8 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
             checks.append(_gof("position-law", i, steps, _step_label(d_eff, vocab), profile, _steps, seg, reach))
         if d_eff > 0:
             checks.append(_length_check(i, law.sum(axis=-1), profile))
+        if t.draft_sampling is not None and d_eff > 0:
+            checks.append(_draft_check(i, t.sampling_probs()[:d_eff], profile))
     return [c if c.name == "structure" else _needs_trials(c) for c in checks]
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.gpus import gpu_sharers
-from harness.protocol import MalformedOutputs, as_numpy_outputs, check_integer_outputs, checked_outputs
+from harness.protocol import MalformedOutputs, as_numpy_drafted_outputs, as_numpy_outputs, check_integer_outputs, checked_outputs
 from harness.sampling.tally import TemplateTally, add_outputs
 from harness.scenarios.materialize import materialize, trials
 from harness.scenarios.profiles import Profile
@@ -103,6 +103,8 @@ def accepted_groups(backend, scenario: Scenario, templates) -> tuple[list[list[i
 def _asked(backend, scenario: Scenario, templates) -> str | None:
     """The backend's ``supports`` on one trial of ``templates`` (what it supports depends on
     the templates only), held to the protocol: None or a non-empty reason string."""
+    if scenario.draft_mode == "engine" and not getattr(backend, "drafter", False):
+        return "the backend does not draw its own drafts (protocol: drafter = True)"
     if not hasattr(backend, "supports"):
         return None
     reason = backend.supports(trials(scenario, templates, 0, 1).batch)
@@ -113,7 +115,8 @@ def _asked(backend, scenario: Scenario, templates) -> str | None:
 
 
 def _start_group(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
-    if getattr(backend, "device_batches", False):
+    drafted = scenario.draft_mode == "engine"  # the backend's drafter draws: its drafts come back with its outputs
+    if getattr(backend, "device_batches", False) and not drafted:
         return _sample_on_device(backend, scenario, templates, count, profile)
     tallies = [TemplateTally(t.effective_drafts, scenario.vocab_size) for t in templates]
     repeatable = _repeatable(backend, scenario, templates)
@@ -124,15 +127,31 @@ def _start_group(backend, scenario: Scenario, templates, count: int, profile: Pr
         tr = trials(scenario, templates, done, n)
         batch = tr.batch
         result = backend.sample(batch)
+        drafts = tr.drafts
         try:
-            tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
+            if drafted:
+                tokens, emitted, flat = as_numpy_drafted_outputs(result, batch.num_requests, batch.max_drafts, len(batch.draft_tokens))
+                drafts = per_trial_drafts(flat, templates, n, scenario.max_drafts)
+            else:
+                tokens, emitted = as_numpy_outputs(result, batch.num_requests, batch.max_drafts)
         except MalformedOutputs as e:
             return Started.complete(_all_malformed(tallies, count, str(e)))
-        add_outputs(tallies, tokens, emitted, tr.drafts, done)
+        add_outputs(tallies, tokens, emitted, drafts, done, drafted)
         done += n
     for tally in tallies:
         tally.repeatable = repeatable
     return Started.complete(tallies)
+
+
+def per_trial_drafts(flat: np.ndarray, templates, count: int, k: int) -> np.ndarray:
+    """A batch's ``[D]`` drafts as ``[count, T, K]`` (-1 past each template's count)."""
+    counts = np.array([t.num_drafts for t in templates])
+    out = np.full((count, len(templates), k), -1, dtype=np.int64)
+    per_trial = flat.reshape(count, int(counts.sum()))
+    at = np.concatenate([[0], np.cumsum(counts)])
+    for i, d in enumerate(counts):
+        out[:, i, :d] = per_trial[:, at[i] : at[i] + d]
+    return out
 
 
 def _repeatable(backend, scenario: Scenario, templates) -> bool | None:
@@ -142,7 +161,9 @@ def _repeatable(backend, scenario: Scenario, templates) -> bool | None:
     for _ in range(2):
         batch = trials(scenario, templates, 0, 1).batch
         try:
-            outputs.append(as_numpy_outputs(backend.sample(batch), batch.num_requests, batch.max_drafts))
+            result = backend.sample(batch)
+            drafted = scenario.draft_mode == "engine" and isinstance(result, tuple)
+            outputs.append(as_numpy_outputs(result[:2] if drafted else result, batch.num_requests, batch.max_drafts))
         except ValueError:
             return None
     return _same_emitted(*outputs[0], *outputs[1])

@@ -2,8 +2,9 @@
 
 Only counts leave this module. A trial is *valid* when it emitted between 1 and
 ``d_eff + 1`` tokens, every emitted id is in the vocabulary and the emitted prefix equals
-its drafts; invalid trials are counted as structure violations (with the first one kept as
-an example) and excluded from the distribution counts.
+its drafts (drafts a backend drew itself in the vocabulary too); invalid trials are counted
+as structure violations (with the first one kept as an example) and excluded from the
+distribution counts.
 """
 
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ class TemplateTally:
     violations: int = 0
     example: dict | None = None
     repeatable: bool | None = None  # same outputs from two calls on the same inputs (None: not asked)
+    drafted: np.ndarray | None = None  # [d, V] the drafts a backend's own drafter drew, per step (valid trials)
 
     def __post_init__(self):
         d, v = self.effective_drafts, self.vocab
@@ -38,8 +40,10 @@ class TemplateTally:
         return self.steps[:, 0].sum(axis=-1)
 
 
-def add_outputs(tallies: list[TemplateTally], tokens, emitted, drafts, first_trial: int) -> None:
-    """Accumulate one chunk: ``tokens [count*T, K+1]``, ``emitted [count*T]``, ``drafts [count, T, K]``."""
+def add_outputs(tallies: list[TemplateTally], tokens, emitted, drafts, first_trial: int, drafted: bool = False) -> None:
+    """Accumulate one chunk: ``tokens [count*T, K+1]``, ``emitted [count*T]``, ``drafts [count, T, K]``.
+    ``drafted``: the drafts are the backend's own (``VerifyBatch.draft_sampling``): they must
+    be in the vocabulary too, and are counted per step."""
     count, t_count, _ = drafts.shape
     tokens = tokens.reshape(count, t_count, -1)
     emitted = emitted.reshape(count, t_count)
@@ -51,6 +55,8 @@ def add_outputs(tallies: list[TemplateTally], tokens, emitted, drafts, first_tri
         in_vocab = np.where(shown, (tok >= 0) & (tok < vocab), True).all(axis=1)
         prefix = np.where(slot < (num - 1)[:, None], tok == np.pad(dr, ((0, 0), (0, 1)), constant_values=-2), True).all(axis=1)
         ok = (num >= 1) & (num <= d + 1) & in_vocab & prefix
+        if drafted:
+            ok &= ((dr[:, :d] >= 0) & (dr[:, :d] < vocab)).all(axis=1)
         tally.trials += count
         bad = np.flatnonzero(~ok)
         if bad.size:
@@ -74,3 +80,8 @@ def add_outputs(tallies: list[TemplateTally], tokens, emitted, drafts, first_tri
             rej = n == j
             tally.steps[j, 1] += np.bincount(y[rej], minlength=vocab)
         tally.steps[d, 1] += np.bincount(y[n == d], minlength=vocab)
+        if drafted:
+            if tally.drafted is None:
+                tally.drafted = np.zeros((d, vocab), dtype=np.int64)
+            for j in range(d):
+                tally.drafted[j] += np.bincount(valid_drafts[:, j], minlength=vocab)

@@ -135,6 +135,44 @@ def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
                 requests=[R(2, 1.0, "peaked", "same")],
             )
         )
+    # Sampling parameters over raw target logits (reference.processing: min-p, top-k, top-p),
+    # drafts at temperature only, as engines draft. After the boundary scenario: the
+    # scenarios above keep their seeds.
+    specs += [
+        dict(name="standard-top-k", method="standard", requests=[R(2, 1.0, "peaked", top_k=3), R(3, 0.8, "flat", "flat", top_k=5)]),
+        dict(name="standard-top-p", method="standard", requests=[R(2, 1.0, "peaked", top_p=0.8), R(2, 1.5, "flat", "peaked", top_p=0.5)]),
+        dict(
+            name="standard-min-p", method="standard", requests=[R(3, 1.0, "peaked", min_p=0.1), R(2, 0.7, "heavy-tail", "flat", min_p=0.05)]
+        ),
+        dict(name="standard-top-k-top-p", method="standard", requests=[R(3, 1.0, "peaked", "flat", top_k=4, top_p=0.9, min_p=1e-5)]),
+        # processing removes every draft (the draft's mass is on the target's bottom half), or
+        # all but one target token (the residual is a point mass)
+        dict(name="standard-processing-removes-draft", method="standard", requests=[R(2, 1.0, "peaked", "disjoint", top_k=max(1, v // 2))]),
+        dict(
+            name="standard-processing-one-token", method="standard", requests=[R(2, 1.0, "peaked", top_p=0.01), R(2, 1.0, "flat", top_k=1)]
+        ),
+        dict(name="standard-sampled-top-k", method="standard", draft_mode="sampled", requests=[R(2, 1.0, "peaked", top_k=3, top_p=0.95)]),
+        dict(name="block-top-p", method="block", requests=[R(3, 1.0, "peaked", "flat", top_p=0.7), R(2, 1.0, top_k=2)]),
+        dict(name="greedy-top-k", method="greedy", requests=[R(2, 0, "peaked", top_k=2), R(2, 0, "flat", top_p=0.3)]),
+        # an exact tie at the k-th value: the law follows the named engine's rule for it
+        dict(name="standard-top-k-ties", method="standard", requests=[R(2, 1.0, "tied", "near-target", top_k=2)]),
+        dict(
+            name="standard-top-k-ties-sort", method="standard", processing="vllm-sort", requests=[R(2, 1.0, "tied", "near-target", top_k=2)]
+        ),
+        # The backend's own drafter draws the drafts (draft_mode "engine"), then its verifier
+        # verifies them: the emitted tokens must follow the target, the drafts q.
+        dict(name="engine-drafted", method="standard", draft_mode="engine", requests=[R(2, 1.0, "peaked", "flat"), R(3, 0.7, "flat")]),
+        dict(name="engine-drafted-offset", method="standard", draft_mode="engine", requests=[R(2, 0.7, "flat", "offset")]),
+        dict(
+            name="engine-greedy-drafter",
+            method="standard",
+            draft_mode="engine",
+            draft_sampling="greedy",
+            requests=[R(2, 1.0, "peaked", "near-target"), R(2, 0, "flat")],
+        ),
+        dict(name="engine-drafted-block", method="block", draft_mode="engine", requests=[R(2, 1.0, "peaked", "flat")]),
+        dict(name="engine-drafted-top-p", method="standard", draft_mode="engine", requests=[R(2, 1.0, "peaked", top_p=0.8)]),
+    ]
     out = []
     for i, spec in enumerate(specs):
         spec = {"vocab_size": v, **spec, "seed": int(hash64(seed, i) % (1 << 31))}

@@ -2,11 +2,13 @@
 (``materialize``), and chunks of trials as the backend receives them (``trials``)."""
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from harness.protocol import VerifyBatch
 from harness.scenarios.scenario import POSITION_RANGE, RequestSpec, Scenario, conditional_rates
+from reference import processing
 from reference.distributions import pad_vocab, softmax_rows
 from reference.methods import Method
 from reference.rng import Stream, hash64, uniforms
@@ -34,6 +36,9 @@ def family_logits(name: str, rng: np.random.Generator, vocab: int, target: np.nd
     if name == "near-target":
         base = target[:vocab]
         return np.where(np.isfinite(base), base + rng.normal(0.0, 0.3, vocab), -np.inf)
+    if name == "offset":  # near-target shifted by +40, as a real head's logits sit: softmax ignores it, rounding does not
+        base = target[:vocab]
+        return np.where(np.isfinite(base), base + rng.normal(0.0, 0.3, vocab) + 40.0, -np.inf)
     if name == "same":  # draft == target: nothing to reject, an empty residual
         return target[:vocab].copy()
     if name == "disjoint":
@@ -54,10 +59,19 @@ class Template:
     draft_logits: np.ndarray  # [d, V_draft] float32 (drafts come from these)
     drafts: np.ndarray | None  # [d] fixed draft ids (with placeholders), None when sampled
     rates: np.ndarray  # [d] synthetic conditional rates
+    processing: str = "vllm"  # whose top-k/top-p tie rules the law follows (Scenario.processing)
+    draft_sampling: str | None = None  # the backend's drafter draws: "probabilistic" or "greedy"; None: the suite
 
     @property
     def num_drafts(self) -> int:
         return self.spec.num_drafts
+
+    @cached_property
+    def tie_dependent(self) -> bool:
+        """Whether the processed target law differs between vLLM's top-k/top-p implementations
+        (an exact tie on a boundary): then only a backend with the scenario's rules is held to it."""
+        params = self.spec.sampling_params
+        return params is not None and params.temperature > 0 and processing.tie_dependent(self.target_logits, params)
 
     @property
     def effective_drafts(self) -> int:
@@ -67,17 +81,29 @@ class Template:
         return int(np.argmax(np.append(self.drafts, -1) < 0))
 
     def target_probs(self) -> np.ndarray:
-        return softmax_rows(self.target_logits, self.spec.temperature)
+        """The law the verifier must follow: the target after temperature and, when the request
+        has them, top-k / top-p / min-p (``reference.processing``); drafts keep temperature only."""
+        params = self.spec.sampling_params
+        if params is None:
+            return softmax_rows(self.target_logits, self.spec.temperature)
+        return processing.processed_probs(self.target_logits, params, self.processing)
+
+    def sampling_probs(self) -> np.ndarray:
+        """The law drafts are drawn from: the suite's, the draft rows at temperature 1 when
+        greedy; the backend's drafter's (``draft_sampling``), the draft rows at the request's
+        temperature, or their argmax (ties to the lowest id) when it drafts greedily or T = 0,
+        as engines' drafters do. With draft probabilities this is also the verifier's q."""
+        vocab = self.target_logits.shape[1]
+        if self.draft_sampling is None:
+            return pad_vocab(softmax_rows(self.draft_logits, self.spec.temperature or 1.0), vocab)
+        t = 0.0 if self.draft_sampling == "greedy" else self.spec.temperature
+        return pad_vocab(softmax_rows(self.draft_logits, t), vocab)
 
     def visible_draft_probs(self) -> np.ndarray:
         vocab = self.target_logits.shape[1]
+        if self.draft_sampling is not None:
+            return self.sampling_probs()
         return pad_vocab(softmax_rows(self.draft_logits, self.spec.temperature), vocab)
-
-    def sampling_probs(self) -> np.ndarray:
-        """The law drafts are drawn from: the draft rows, at temperature 1 when greedy."""
-        vocab = self.target_logits.shape[1]
-        t = self.spec.temperature or 1.0
-        return pad_vocab(softmax_rows(self.draft_logits, t), vocab)
 
 
 def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -121,7 +147,8 @@ def materialize(s: Scenario) -> list[Template]:
                 drafts[spec.placeholder_at] = -1
         target[list(spec.masked_rows)] = -np.inf
         target[list(spec.nan_rows), 0] = np.nan
-        out.append(Template(spec, method, target, proposal, drafts, rates[:d]))
+        drafter = s.draft_sampling if s.draft_mode == "engine" else None
+        out.append(Template(spec, method, target, proposal, drafts, rates[:d], s.processing, drafter))
     return out
 
 
@@ -146,7 +173,7 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
             continue
         if t.drafts is not None:
             drafts[:, i, :d] = t.drafts
-        else:
+        elif t.draft_sampling is None:  # the backend's drafter draws "engine" drafts: -1 here, not read
             probs = t.sampling_probs()
             u = uniforms(hash64(s.seed, req_index[:, i])[:, None], np.arange(d)[None, :], Stream.DRAFT)
             for j in range(d):
@@ -167,6 +194,7 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
     local = np.concatenate([np.arange(c + 1) for c in counts])
     positions = np.repeat(base, per_req_counts + 1) + np.tile(local, count)
     temps = np.tile(np.array([t.spec.temperature for t in templates], dtype=np.float64), count)
+    params = {name: None if values is None else np.tile(values, count) for name, values in sampling_arrays(templates).items()}
     methods = np.tile(np.array([t.method for t in templates], dtype=np.int8), count)
     rates = None
     if s.synthetic is not None:
@@ -187,5 +215,24 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
         max_drafts=k,
         request_slots=slots,
         logits_dtype=s.dtype,
+        processing=batch_processing(templates),
+        draft_sampling=templates[0].draft_sampling,
+        **params,
     )
     return Trials(batch=batch, drafts=drafts)
+
+
+def sampling_arrays(templates: list[Template]) -> dict:
+    """One trial's ``top_k`` / ``top_p`` / ``min_p`` (``VerifyBatch`` spelling: 0, 1.0, 0.0 when
+    off), each None when no template sets it."""
+    out = {}
+    for name, off, dtype in (("top_k", 0, np.int64), ("top_p", 1.0, np.float64), ("min_p", 0.0, np.float64)):
+        values = [getattr(t.spec, name) for t in templates]
+        out[name] = None if all(v is None for v in values) else np.array([off if v is None else v for v in values], dtype=dtype)
+    return out
+
+
+def batch_processing(templates: list[Template]) -> str | None:
+    """``VerifyBatch.processing``: the scenario's tie rules when some template's law depends on them."""
+    dependent = [t.processing for t in templates if t.tie_dependent]
+    return dependent[0] if dependent else None

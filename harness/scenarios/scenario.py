@@ -21,10 +21,20 @@ import numpy as np
 
 from reference import synthetic as synth
 from reference.methods import Method
+from reference.processing import MAX_TEMPERATURE as MAX_PROCESSED_TEMPERATURE
+from reference.processing import MIN_TEMPERATURE as MIN_PROCESSED_TEMPERATURE
+from reference.processing import SamplingParams
 
 TARGET_FAMILIES = ("peaked", "flat", "heavy-tail", "topk", "tied")
-DRAFT_FAMILIES = TARGET_FAMILIES + ("near-target", "disjoint", "same")
+DRAFT_FAMILIES = TARGET_FAMILIES + ("near-target", "disjoint", "same", "offset")
 METHOD_NAMES = ("greedy", "strict", "standard", "block", "synthetic")
+# reference.processing engines whose top-k/top-p rules differ at exact ties: vLLM's Triton
+# kernel (exactly k, ties to the lowest ids) and its sort path (every tie at the k-th value).
+PROCESSING = ("vllm", "vllm-sort")
+# Who draws the drafts: the suite, once per template ("fixed") or per trial ("sampled"), or
+# the backend's own drafter ("engine"), from q or, with draft_sampling "greedy", its argmax.
+DRAFT_MODES = ("fixed", "sampled", "engine")
+DRAFT_SAMPLING = ("probabilistic", "greedy")
 POSITION_RANGE = 1 << 20  # request start positions are spread over this range
 
 # Limits of a scenario (see ``Scenario``).
@@ -55,10 +65,20 @@ class RequestSpec:
     nan_rows: tuple[int, ...] = ()  # target rows (0..d) poisoned with a NaN: degenerate
     masked_rows: tuple[int, ...] = ()  # target rows with every logit -inf: degenerate
     stationary: bool = False  # one target row and one draft row at every step (a fixed context)
+    top_k: int | None = None  # the request's sampling parameters, applied to the target's raw logits
+    top_p: float | None = None  # (reference.processing; None = disabled)
+    min_p: float | None = None
 
     @property
     def degenerate(self) -> bool:
         return bool(self.nan_rows or self.masked_rows)
+
+    @property
+    def sampling_params(self) -> SamplingParams | None:
+        """The request's top-k / top-p / min-p with its temperature, or None when none is set."""
+        if self.top_k is None and self.top_p is None and self.min_p is None:
+            return None
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
 
 
 @dataclass(frozen=True)
@@ -80,13 +100,15 @@ class Scenario:
     requests: tuple[RequestSpec, ...]
     draft_vocab_size: int | None = None
     draft_probs: bool = True  # the verifier receives draft logits
-    draft_mode: str = "fixed"  # "fixed": drawn once from the draft rows; "sampled": per trial
+    draft_mode: str = "fixed"  # "fixed": drawn once from the draft rows; "sampled": per trial; "engine": by the backend
+    draft_sampling: str = "probabilistic"  # "engine" drafts: from q ("probabilistic") or its argmax ("greedy")
     synthetic: dict | None = None  # {"mean_rate": r} | {"rates": [...]} | {"acceptance_length": L}
     seed: int = 0
     tags: tuple[str, ...] = field(default=())
     dtype: str = "float32"  # logits are rounded to this dtype (laws use the rounded values)
     slots: str = "identity"  # "permuted": requests sit at scattered slots of a larger state table
     positions: str = "random"  # "aligned": every trial at positions 0..d, as engines' own tests do
+    processing: str = "vllm"  # whose top-k/top-p rules the law follows at exact ties (PROCESSING)
 
     def __post_init__(self):
         _validate(self)
@@ -217,8 +239,14 @@ def _validate(s: Scenario) -> None:
         raise ValueError(f"scenario.vocab_size: expected an integer in [2, {MAX_VOCAB}], got {_brief(s.vocab_size)}")
     if s.draft_vocab_size is not None and not (_is_int(s.draft_vocab_size) and 2 <= s.draft_vocab_size <= s.vocab_size):
         raise ValueError(f"scenario.draft_vocab_size: expected an integer in [2, vocab_size], got {_brief(s.draft_vocab_size)}")
-    if s.draft_mode not in ("fixed", "sampled"):
-        raise ValueError(f"scenario.draft_mode: expected 'fixed' or 'sampled', got {_brief(s.draft_mode)}")
+    if s.draft_mode not in DRAFT_MODES:
+        raise ValueError(f"scenario.draft_mode: expected one of {DRAFT_MODES}, got {_brief(s.draft_mode)}")
+    if s.draft_sampling not in DRAFT_SAMPLING:
+        raise ValueError(f"scenario.draft_sampling: expected one of {DRAFT_SAMPLING}, got {_brief(s.draft_sampling)}")
+    if s.draft_sampling != "probabilistic" and s.draft_mode != "engine":
+        raise ValueError("scenario.draft_sampling: greedy drafting is the backend's drafter's: it needs draft_mode 'engine'")
+    if s.draft_mode == "engine" and s.draft_probs is not True:
+        raise ValueError("scenario.draft_probs: the backend's drafter draws from the draft logits: draft_mode 'engine' needs true")
     check_seed(s.seed, "scenario.seed")
     if not isinstance(s.draft_probs, bool):
         raise ValueError("scenario.draft_probs: expected true or false")
@@ -226,6 +254,8 @@ def _validate(s: Scenario) -> None:
         raise ValueError(f"scenario.dtype: expected one of {DTYPES}, got {_brief(s.dtype)}")
     if s.slots not in ("identity", "permuted"):
         raise ValueError(f"scenario.slots: expected 'identity' or 'permuted', got {_brief(s.slots)}")
+    if s.processing not in PROCESSING:
+        raise ValueError(f"scenario.processing: expected one of {PROCESSING}, got {_brief(s.processing)}")
     if s.positions not in ("random", "aligned"):
         raise ValueError(f"scenario.positions: expected 'random' or 'aligned', got {_brief(s.positions)}")
     tags = s.tags
@@ -266,6 +296,7 @@ def _validate(s: Scenario) -> None:
             raise ValueError(f"{where}.draft: {_brief(r.draft)} is not one of {DRAFT_FAMILIES}")
         if not isinstance(r.stationary, bool):
             raise ValueError(f"{where}.stationary: expected true or false, got {_brief(r.stationary)}")
+        _validate_sampling_params(where, r)
         if r.placeholder_at is not None:
             if not _is_int(r.placeholder_at) or not 0 <= r.placeholder_at < r.num_drafts:
                 raise ValueError(f"{where}.placeholder_at: expected a draft index in [0, {r.num_drafts}), got {_brief(r.placeholder_at)}")
@@ -295,6 +326,22 @@ def _validate(s: Scenario) -> None:
             conditional_rates(s)  # raises with the reason when the parameters are invalid
         except ValueError as e:  # the closed forms name their parameter ("rates: ..."): name it in full
             raise ValueError(str(e) if str(e).startswith("scenario.") else f"scenario.synthetic.{e}") from None
+
+
+def _validate_sampling_params(where: str, r: RequestSpec) -> None:
+    k, p, m = r.top_k, r.top_p, r.min_p
+    if k is not None and (not _is_int(k) or k < 1):
+        raise ValueError(f"{where}.top_k: expected null (disabled) or an integer >= 1, got {_brief(k)}")
+    if p is not None and (not _is_number(p) or not 0 < p <= 1):
+        raise ValueError(f"{where}.top_p: expected null (disabled) or a number in (0, 1], got {_brief(p)}")
+    if m is not None and (not _is_number(m) or not 0 <= m <= 1):
+        raise ValueError(f"{where}.min_p: expected null (disabled) or a number in [0, 1], got {_brief(m)}")
+    t = r.temperature
+    if r.sampling_params is not None and _is_number(t) and t != 0 and not MIN_PROCESSED_TEMPERATURE <= t <= MAX_PROCESSED_TEMPERATURE:
+        raise ValueError(
+            f"{where}.temperature: with top_k, top_p or min_p, expected 0 or a number in "
+            f"[{MIN_PROCESSED_TEMPERATURE:g}, {MAX_PROCESSED_TEMPERATURE:g}] (the temperatures vLLM applies them at), got {t!r}"
+        )
 
 
 def did_you_mean(name: str, known, prefix: str = "") -> str:

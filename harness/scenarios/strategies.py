@@ -4,7 +4,8 @@ the predicates that name scenarios where a known implementation disagrees with t
 Drawn: ragged draft counts (0 included), mixed greedy / standard / synthetic requests,
 temperatures 0, near 0 and large, every distribution family (top-k truncation gives
 zero-probability tokens), explicit drafts with target or draft probability 0,
-placeholders, NaN and all-masked rows, a smaller draft vocabulary, fp32 / bf16 / fp16
+placeholders, NaN and all-masked rows, top-k / top-p / min-p (with either engine's rules at
+ties), drafts drawn by the backend's own drafter (probabilistic or greedy), a smaller draft vocabulary, fp32 / bf16 / fp16
 logits, scattered state slots, and vocabularies straddling kernel block sizes. Tensors
 are built by ``harness.scenarios.materialize`` from the drawn seed, so examples shrink
 to small, readable scenarios. The fuzz budget and replay are in ``harness.studies.fuzz``.
@@ -17,7 +18,7 @@ from hypothesis import example
 from hypothesis import strategies as st
 
 from harness.scenarios.materialize import materialize
-from harness.scenarios.scenario import DRAFT_FAMILIES, TARGET_FAMILIES, RequestSpec, Scenario
+from harness.scenarios.scenario import DRAFT_FAMILIES, DRAFT_MODES, DRAFT_SAMPLING, PROCESSING, TARGET_FAMILIES, RequestSpec, Scenario
 from reference.laws import MAX_ENUMERATED_DRAFTS
 from reference.methods import Method
 
@@ -62,7 +63,27 @@ def request_specs(draw, vocab: int, draft_mode: str, methods: tuple[str, ...], m
         spec["placeholder_at"] = draw(st.integers(0, d - 1))
     if draw(st.integers(0, 7)) == 0:
         spec["nan_rows" if draw(st.booleans()) else "masked_rows"] = (draw(st.integers(0, d)),)
+    if draw(st.integers(0, 2)) == 2:  # sampling parameters, at the temperatures engines apply them at
+        spec |= draw(sampling_params(vocab))
+        if spec["temperature"] and not PROCESSED_TEMPERATURES[0] <= spec["temperature"] <= PROCESSED_TEMPERATURES[-1]:
+            spec["temperature"] = draw(st.sampled_from(PROCESSED_TEMPERATURES))
     return RequestSpec(**spec)
+
+
+PROCESSED_TEMPERATURES = (0.3, 1.0, 1.7)  # inside vLLM's [0.01, 2]
+
+
+@st.composite
+def sampling_params(draw, vocab: int) -> dict:
+    """top-k / top-p / min-p, at least one of them set: small k (1 keeps one token), top-p
+    from nearly nothing to nearly everything, min-p that removes most or a few tokens."""
+    values = {
+        "top_k": st.sampled_from((1, 2, max(1, vocab // 2))),
+        "top_p": st.sampled_from((0.5, 0.05, 0.8, 0.95)),
+        "min_p": st.sampled_from((0.05, 0.3)),
+    }
+    first = draw(st.sampled_from(tuple(values)))
+    return {name: draw(strategy) for name, strategy in values.items() if name == first or draw(st.booleans())}
 
 
 @st.composite
@@ -81,8 +102,8 @@ def scenarios(
     ``min_drafts``: every request has at least this many drafts."""
     vocab = draw(st.sampled_from(vocabs))
     base = draw(st.sampled_from(methods))
-    draft_mode = draw(st.sampled_from(("fixed", "sampled")))
-    if base == "block" and draft_mode == "sampled":
+    draft_mode = draw(st.sampled_from(DRAFT_MODES))
+    if base == "block" and draft_mode != "fixed":
         max_drafts = min(max_drafts, 2)  # block's sampled-draft law is enumerated
         if vocab**max_drafts > MAX_ENUMERATED_DRAFTS:
             draft_mode = "fixed"  # too many draft sequences to enumerate: the law check would be skipped
@@ -103,12 +124,14 @@ def scenarios(
         vocab_size=vocab,
         requests=reqs,
         draft_vocab_size=draft_vocab,
-        draft_probs=draw(st.booleans()),
+        draft_probs=True if draft_mode == "engine" else draw(st.booleans()),  # the drafter draws from the draft logits
         draft_mode=draft_mode,
+        draft_sampling=draw(st.sampled_from(DRAFT_SAMPLING)) if draft_mode == "engine" else "probabilistic",
         synthetic=synthetic,
         seed=draw(st.integers(0, 2**31 - 1)),
         dtype=draw(st.sampled_from(("float32", "bfloat16", "float16"))),
         slots=draw(st.sampled_from(("identity", "permuted"))),
+        processing=draw(st.sampled_from(PROCESSING)),
     )
 
 
@@ -235,6 +258,7 @@ def without_mates(batch, keep):
         methods=batch.methods[keep],
         synthetic_rates=None if batch.synthetic_rates is None else batch.synthetic_rates[keep],
         request_slots=None if batch.request_slots is None else batch.request_slots[keep],
+        **{name: None if getattr(batch, name) is None else getattr(batch, name)[keep] for name in ("top_k", "top_p", "min_p")},
     ).validate()
 
 

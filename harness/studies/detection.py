@@ -16,7 +16,7 @@ from harness.run.runner import run
 from harness.scenarios.catalog import catalog
 from harness.scenarios.profiles import Profile
 
-FAMILIES = ("structure", "outcome-law", "position-law", "acceptance-length", "acceptance-rate")
+FAMILIES = ("structure", "outcome-law", "position-law", "acceptance-length", "acceptance-rate", "draft-law")
 PREFIX = {"reference": "fault:", "triton": "triton-fault:"}  # sampler -> backend name prefix of its faults
 
 

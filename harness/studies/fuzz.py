@@ -42,6 +42,8 @@ def fuzz_profile(tv: float) -> Profile:
 
 def support_reason(backend, scenario: Scenario) -> str | None:
     """Why ``backend`` cannot run ``scenario`` (its ``supports`` on the first trial), or None."""
+    if scenario.draft_mode == "engine" and not getattr(backend, "drafter", False):
+        return "the backend does not draw its own drafts (protocol: drafter = True)"
     if not hasattr(backend, "supports"):
         return None
     return backend.supports(trials(scenario, materialize(scenario), 0, 1).batch)

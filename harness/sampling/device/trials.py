@@ -23,7 +23,7 @@ import torch
 
 from harness.protocol import VerifyBatch
 from harness.sampling.device.copies import upload
-from harness.scenarios.materialize import Template, conditional_rates
+from harness.scenarios.materialize import Template, batch_processing, conditional_rates, sampling_arrays
 from harness.scenarios.scenario import POSITION_RANGE, Scenario
 from harness.torch_rng import hash64, hash_state, shift_right, uniforms
 from reference.rng import Stream
@@ -79,6 +79,9 @@ class DeviceTrials:
         self.methods = put(np.array([t.method for t in templates], dtype=np.int8))
         self.method_codes = tuple(sorted({int(t.method) for t in templates}))  # every chunk holds every template
         self.rates = self.floats.get("rates")
+        # top-k / top-p / min-p of one trial (None when no template sets it), and whose tie rules.
+        self.params = {name: None if x is None else upload(x, dev) for name, x in sampling_arrays(templates).items()}
+        self.processing = batch_processing(templates)
         self._tiled = (None, None, None)  # (count, target, draft): the last chunk size's logits
         self.drafts = None  # [trials, T, K], drawn by ``prepare``
         self._shape = {}  # count -> the fields every chunk of that size shares
@@ -143,6 +146,7 @@ class DeviceTrials:
                 temperature=self.temps.repeat(count),
                 methods=self.methods.repeat(count),
                 synthetic_rates=None if self.rates is None else self.rates[None].repeat(count * t_count, 1),
+                **{name: None if x is None else x.repeat(count) for name, x in self.params.items()},
             )
         return self._shape[count]
 
@@ -169,6 +173,7 @@ class DeviceTrials:
             request_slots=slots,
             logits_dtype=s.dtype,
             method_codes=self.method_codes,
+            processing=self.processing,
             **self._shared(count),
         )
         return batch, drafts
