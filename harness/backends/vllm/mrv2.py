@@ -22,7 +22,11 @@ Translation of a ``VerifyBatch`` (vLLM's production layout, see the vLLM notes):
   unused slots poisoned with NaN, so reading ``req_idx`` where ``req_state_idx`` is meant (or
   a wrong draft step) shows up;
 * target logits are passed temperature-processed (vLLM's sampler divides before calling, in
-  every release);
+  every release) and, with top-k / top-p / min-p, processed further by vLLM's own functions
+  as ``Sampler.apply_sampling_params`` runs them on every logits row: min-p
+  (``sample/min_p.py::apply_min_p``), then ``apply_top_k_top_p`` (the CPU: its sort path;
+  see ``harness.backends.vllm.processing``). 0.19's strict and synthetic target tokens are
+  then ``gumbel_sample(processed, apply_temperature=False)``, as its ``Sampler.sample``;
 * draft logits go into the ``[max_num_reqs, K, V_draft]`` cache as the release's drafter
   writes it: raw, in the logits' dtype, from 0.28.0 (#50910: the kernels divide on load),
   divided by T in fp32 up to 0.27.1. The release says which (``DRAFT_LOGITS_RAW``), and so
@@ -37,12 +41,11 @@ Translation of a ``VerifyBatch`` (vLLM's production layout, see the vLLM notes):
 
 What one vLLM call cannot express is reported by ``supports(batch)`` (the runner then skips
 the check): a batch mixing methods, strict verification (gone after 0.19), per-request
-synthetic rates, and from 0.25 a draft vocabulary narrower than the target's while the target
+synthetic rates, from 0.25 a draft vocabulary narrower than the target's while the target
 gives mass to the missing ids (vLLM MRV2 then truncates the target to the draft's width, a
-documented convention; see ``reference``).
+documented convention; see ``reference``), and a law following other top-k/top-p tie rules
+(``batch.processing``) than the call will use.
 """
-
-from dataclasses import dataclass
 
 import numpy as np
 from packaging.version import Version
@@ -50,6 +53,8 @@ from packaging.version import Version
 from harness.backends import shared_rows as rows
 from harness.backends.logits_cache import LogitsMemo
 from harness.backends.vllm import env as vllm_env
+from harness.backends.vllm import processing
+from harness.backends.vllm.processing import ReleaseBoundary
 from harness.protocol import host, method_codes
 from reference.methods import Method
 
@@ -67,24 +72,6 @@ _SYNTHETIC_019_ARGS = [
 ]  # fmt: skip
 # gumbel_sample's draft-cache argument names what the drafter caches: True raw, False divided by T.
 _DRAFT_CACHE_ARGS = {"logits_cache": True, "output_processed_logits": False, "processed_logits_out": False}
-
-
-@dataclass(frozen=True)
-class ReleaseBoundary:
-    """A convention that no signature shows, by release: absent up to ``last_without``,
-    present from ``first_with``. A version between the two (a dev build of the next
-    release) does not say."""
-
-    what: str
-    last_without: str
-    first_with: str
-
-    def holds(self, version: Version | None) -> bool | None:
-        if version is None:
-            return None
-        if version >= Version(self.first_with):
-            return True
-        return False if version <= Version(self.last_without) else None
 
 
 DRAFT_LOGITS_RAW = ReleaseBoundary(
@@ -136,7 +123,7 @@ def _discover():
         vllm_env.require_parameters(utils.rejection_sample, _CORE_ARGS, f"{_UTILS}.rejection_sample")
         raw = draft_logits_raw(version, gumbel_params)
         vllm_env.triton_ready()
-        return _CurrentApi(utils.rejection_sample, version, raw, TRUNCATES_TARGET.holds(version))
+        return _CurrentApi(utils.rejection_sample, version, raw, TRUNCATES_TARGET.holds(version), processing.Processor(version, True))
     if _optional_module(_PROBABILISTIC_020) is not None:
         raise vllm_env.api_changed(
             f"{_PROBABILISTIC_020} is vLLM 0.20-0.21's MRV2 API, which this adapter does not bind "
@@ -154,7 +141,7 @@ def _discover():
         if draft_logits_raw(version, gumbel_params):
             raise vllm_env.api_changed(f"vLLM {version}'s 0.19-style MRV2 API with a raw draft-logits cache is no known contract")
         vllm_env.triton_ready()
-        return _LegacyApi(legacy, synthetic, gumbel.gumbel_sample)
+        return _LegacyApi(legacy, synthetic, gumbel.gumbel_sample, processing.Processor(version, True))
     raise vllm_env.api_changed(
         f"no MRV2 rejection sampler found: neither {_UTILS}.rejection_sample (0.22-0.33) "
         f"nor {_LEGACY}.strict_rejection_sample/probabilistic_rejection_sample (0.19)"
@@ -183,10 +170,10 @@ class VllmMrv2Backend:
         return self._api.description
 
     def supports(self, batch) -> str | None:
-        return self._api.supports(batch)
+        return self._api.supports(batch, self.device)
 
     def sample(self, batch):
-        reason = self._api.supports(batch)
+        reason = self._api.supports(batch, self.device)
         if reason:
             raise ValueError(f"{self.name}: cannot verify this batch: {reason}")
         return self._api.sample(batch, self.device)
@@ -228,7 +215,7 @@ class _Layout:
         slot_seed = torch.full((num_slots,), -1, dtype=torch.int64, device=device)
         slot_seed[slots] = f["seeds"].to(torch.int64)
         self.device, self.num_reqs, self.num_logits, self.k, self.num_slots = device, b, num_logits, k, num_slots
-        self.fields, self.slots, self.owner_of_draft = f, slots, owner_of_draft
+        self.fields, self.slots, self.owner_of_draft, self.owner_of_row = f, slots, owner_of_draft, owner_of_row
         self.draft_steps = draft_rows - starts[owner_of_draft]
         self.draft_temperature = temperature[owner_of_draft]
         self.row_temperature = temperature[owner_of_row]
@@ -250,6 +237,24 @@ class _Layout:
             return rows.cast(logits, torch.float32)
         temp = torch.where(self.row_temperature > 0, self.row_temperature, 1.0).to(torch.float32)
         return self.memo.get("target", logits, temp, lambda: rows.divided(logits, temp))
+
+    def processed_target(self, params, processor):
+        """``target_logits(processed=True)``, then (``params``: the batch's sampling
+        parameters, or None) vLLM's min-p and top-k/top-p, as ``apply_sampling_params``."""
+        import torch
+
+        if params is None:
+            return self.target_logits(processed=True)
+        # Unused slots get min_p = 1 (only the argmax stays): reading a wrong slot shows up.
+        slot_min_p = torch.ones(self.num_slots, dtype=torch.float32, device=self.device)
+        slot_min_p[self.slots] = torch.from_numpy(params.min_p).to(self.device)
+        key = torch.cat([self.row_temperature, torch.from_numpy(params.key()).to(self.device), self.slots.to(torch.float64)])
+
+        def build():
+            target = self.target_logits(processed=True)
+            return processor.apply(target, self.owner_of_row, params, (self.expanded_idx_mapping, slot_min_p), topp_only_arg=True)
+
+        return self.memo.get("processed", self.fields["target_logits"], key, build)
 
     def draft_cache(self, batch, divide: bool, width: int | None = None):
         """``[max_num_reqs, K, V]`` draft logits by (state slot, step); unused entries are NaN.
@@ -307,10 +312,28 @@ def _target_beyond_draft_vocab(batch) -> bool:
     return bool((beyond > float("-inf")).any())  # a finite logit (+inf is invalid input): mass the draft cannot propose
 
 
+def _processing_reason(api, batch, device: str) -> str | None:
+    """Why the batch's sampling parameters cannot be verified here: the tie rules of the one
+    top-k/top-p call over every logits row (drafts and bonus), ``Sampler.apply_sampling_params``."""
+    params = processing.request_params(batch)
+    if params is None:
+        return None
+    calls = [("MRV2's apply_sampling_params over every logits row", batch.target_logits.shape[0])]
+    return _processor(api).tie_rules_reason(batch, params, device, calls)
+
+
+def _processor(api) -> processing.Processor:
+    """The API's ``Processor``, bound on first use when it was built without one."""
+    if api.processor is None:
+        api.processor = processing.Processor(vllm_env.version(), True)
+    return api.processor
+
+
 # --- 0.22 .. 0.33 API ----------------------------------------------------------------------
 class _CurrentApi:
-    def __init__(self, fn, version: Version | None, draft_raw: bool, truncates: bool | None):
+    def __init__(self, fn, version: Version | None, draft_raw: bool, truncates: bool | None, processor=None):
         self.fn = fn
+        self.processor = processor  # vLLM's min-p and top-k/top-p (processing.Processor); None: bound when needed
         self.params = vllm_env.parameters(fn)
         self.version = version
         self.draft_raw = draft_raw  # the cache holds raw logits, the kernels divide (DRAFT_LOGITS_RAW)
@@ -320,7 +343,7 @@ class _CurrentApi:
         cache = "raw draft logits, divided by T in the kernels" if draft_raw else "draft logits divided by T"
         self.description = f"{_UTILS}.rejection_sample (vLLM {version or 'of undeclared version'}: {cache})"
 
-    def supports(self, batch) -> str | None:
+    def supports(self, batch, device: str = "cpu") -> str | None:
         method = _single_method(batch)
         if method is None:
             return "mixes verification methods in one batch (vLLM MRV2 verifies a batch with one method)"
@@ -341,13 +364,14 @@ class _CurrentApi:
             )
         if self.truncates and _target_beyond_draft_vocab(batch):
             return "draft vocabulary narrower than the target's with target mass on the missing ids (vLLM MRV2 truncates the target)"
-        return None
+        return _processing_reason(self, batch, device)
 
     def sample(self, batch, device: str):
         import torch
 
         lay = _Layout(batch, device, self.memo)
         method = _single_method(batch)
+        params = processing.request_params(batch)
         kwargs = {}
         if method is Method.SYNTHETIC:
             rates = _uniform_rates(batch)
@@ -362,8 +386,9 @@ class _CurrentApi:
             width = None if self.truncates else batch.vocab_size
             draft = lay.draft_cache(batch, divide=not self.draft_raw, width=width)
         with torch.no_grad():
+            target = lay.processed_target(params, _processor(self))
             sampled, num_sampled = self.fn(
-                lay.target_logits(processed=True), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
+                target, draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
                 lay.idx_mapping, lay.expanded_idx_mapping, lay.expanded_local_pos, lay.temperature, lay.seed, lay.k,
                 **kwargs,
             )  # fmt: skip
@@ -374,12 +399,13 @@ class _CurrentApi:
 class _LegacyApi:
     description = f"{_LEGACY}.strict/probabilistic_rejection_sample + synthetic_rejection_sample (0.19)"
 
-    def __init__(self, legacy, synthetic, gumbel_sample):
+    def __init__(self, legacy, synthetic, gumbel_sample, processor=None):
         self.legacy, self.synthetic, self.gumbel_sample = legacy, synthetic, gumbel_sample
+        self.processor = processor
         self.use_fp64 = False
         self.memo = LogitsMemo()
 
-    def supports(self, batch) -> str | None:
+    def supports(self, batch, device: str = "cpu") -> str | None:
         method = _single_method(batch)
         if method is None:
             return "mixes verification methods in one batch (vLLM MRV2 verifies a batch with one method)"
@@ -400,27 +426,30 @@ class _LegacyApi:
                 return "synthetic rates are not a0 * gamma**i for every request (vLLM 0.19 takes one base rate and decay)"
             if (drafts < 0).any():
                 return "vLLM 0.19 synthetic_rejection_sample can accept a -1 placeholder (no placeholder handling)"
-        return None
+        return _processing_reason(self, batch, device)
 
     def sample(self, batch, device: str):
         import torch
 
         lay = _Layout(batch, device, self.memo)
         method = _single_method(batch)
+        params = processing.request_params(batch)
         with torch.no_grad():
             if method is Method.STANDARD:
                 draft = lay.draft_cache(batch, divide=True, width=batch.vocab_size)  # 0.19 caches post-temperature logits
                 if draft is None:  # no drafts at all: the function still needs a cache
                     draft = torch.zeros((lay.num_slots, max(lay.k, 1), batch.vocab_size), device=device)
                 sampled, num_sampled = self.legacy.probabilistic_rejection_sample(
-                    lay.target_logits(processed=True), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
+                    lay.processed_target(params, _processor(self)), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
                     lay.idx_mapping, lay.expanded_idx_mapping, lay.expanded_local_pos, lay.temperature, lay.seed, lay.k,
                 )  # fmt: skip
             else:
-                # The engine's sampler draws the target tokens (temperature applied in-kernel).
+                # The engine's sampler draws the target tokens: temperature in-kernel, or (sampling
+                # parameters) from apply_sampling_params' output without it, as Sampler.sample.
+                processed = params is not None
                 target_sampled = self.gumbel_sample(
-                    lay.target_logits(processed=False), lay.expanded_idx_mapping, lay.temperature, lay.seed, lay.pos,
-                    apply_temperature=True,
+                    lay.processed_target(params, _processor(self)) if processed else lay.target_logits(processed=False),
+                    lay.expanded_idx_mapping, lay.temperature, lay.seed, lay.pos, apply_temperature=not processed,
                 )  # fmt: skip
                 if method is Method.STRICT:
                     sampled, num_sampled = self.legacy.strict_rejection_sample(target_sampled, lay.draft_sampled, lay.cu_num_logits, lay.k)

@@ -3,8 +3,10 @@
 Calls ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the function under
 ``RejectionSampler.forward``) with a hand-built ``SamplingMetadata``:
 
-* ``target_logits``: the draft rows only (no bonus rows), temperature-processed the way
-  ``apply_sampling_constraints`` leaves them (``logits / T``; greedy rows untouched);
+* ``target_logits``: the draft rows only (no bonus rows), processed the way
+  ``apply_sampling_constraints`` leaves them: ``logits / T`` (greedy rows untouched), then,
+  with top-k / top-p, vLLM's ``apply_top_k_top_p`` on the per-token k and p (the CPU: its sort
+  path; see ``harness.backends.vllm.processing``). V1 applies no min-p with drafts;
 * ``draft_probs``: ``softmax(draft_logits / T)`` in fp32, zero-padded to the target's vocabulary
   (V1's kernels index draft and target probabilities with one width), or None;
 * ``draft_token_ids`` with -1 placeholders, ``cu_num_draft_tokens`` (inclusive, no leading 0);
@@ -24,11 +26,14 @@ Calls ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the function under
 ``Sampler`` on the bonus rows) and passes them in as ``bonus_token_ids``. Here the harness
 draws them itself: the argmax for greedy requests, else an inverse-CDF draw from
 ``softmax(logits / T)`` in float64 with the suite's counter-based uniform keyed by (seed,
-bonus position). Checks on the bonus token therefore test that draw plus V1's bookkeeping
-(when the bonus is emitted, and where), not vLLM's normal sampler.
+bonus position); with top-k / top-p, from the bonus rows after temperature (fp32) and the
+same vLLM top-k/top-p function. Checks on the bonus token therefore test that draw plus V1's
+bookkeeping (when the bonus is emitted, and where), not vLLM's normal sampler.
 
 ``supports(batch)`` names what V1 cannot express: strict and block verification, batches
-mixing methods, per-request synthetic rates, and synthetic mode in versions without it.
+mixing methods, per-request synthetic rates, synthetic mode in versions without it, min-p
+(not applied with drafts), and a law following other top-k/top-p tie rules
+(``batch.processing``) than its calls will use.
 
 **Contract** (``docs/adapter-contracts.md``): the same in every release from 0.19 to 0.33, so
 nothing here depends on the version: ``rejection_sample``'s parameters (checked by
@@ -45,6 +50,7 @@ import numpy as np
 
 from harness.backends.logits_cache import LogitsMemo
 from harness.backends.vllm import env as vllm_env
+from harness.backends.vllm import processing
 from harness.protocol import host, method_codes
 from reference.methods import Method
 from reference.rng import Stream, hash64
@@ -76,7 +82,7 @@ def _discover():
     if not set(_READ_FIELDS) <= names:
         raise vllm_env.api_changed(f"SamplingMetadata lacks {sorted(set(_READ_FIELDS) - names)}")
     vllm_env.triton_ready()
-    return fn, params, metadata
+    return fn, params, metadata, processing.Processor(vllm_env.version(), with_min_p=False)
 
 
 def availability() -> tuple[bool, str]:
@@ -95,7 +101,7 @@ class VllmV1Backend:
         self.max_generators = max_generators
         self.use_fp64_gumbel = use_fp64_gumbel
         self._memo = LogitsMemo()  # logits-derived tensors, reused across a device batch's chunks
-        self._fn, self._params, self._metadata_cls = _discover()
+        self._fn, self._params, self._metadata_cls, self._processor = _discover()
 
     def supports(self, batch) -> str | None:
         methods = method_codes(batch)
@@ -110,7 +116,20 @@ class VllmV1Backend:
             rates = host(batch.synthetic_rates)
             if not np.all(rates == rates[0]):
                 return "per-request synthetic rates (vLLM V1 takes one rate vector per batch)"
-        return None
+        params = processing.request_params(batch)
+        if params is None:
+            return None
+        if params.do_min_p:
+            r = int(np.flatnonzero(params.min_p)[0])
+            return (
+                f"min-p (request {r}: min_p={float(params.min_p[r]):g}): vLLM V1 applies no min-p with speculative decoding "
+                "(build_logitsprocs builds only MinTokensLogitsProcessor under a speculative config; "
+                "SamplingParams._validate_spec_decode rejects min_p > 1e-5)"
+            )
+        num_drafts = int(host(batch.cu_num_drafts)[-1])
+        calls = [("V1's apply_sampling_constraints on the draft rows", num_drafts)] if num_drafts else []
+        calls.append(("the engine's sampler on the bonus rows", batch.num_requests))
+        return self._processor.tie_rules_reason(batch, params, self.device, calls)
 
     def sample(self, batch):
         import torch
@@ -131,7 +150,8 @@ class VllmV1Backend:
         def t(x):
             return torch.from_numpy(np.ascontiguousarray(x)).to(device)
 
-        bonus = self._bonus_tokens(f, batch.vocab_size, temperature, t(bonus_rows))
+        params = processing.request_params(batch)
+        bonus = self._bonus_tokens(f, batch.vocab_size, temperature, t(bonus_rows), params)
         max_spec_len = int(counts.max(initial=0))
         if max_spec_len == 0:  # no drafts at all: V1 never reaches the rejection sampler
             tokens = torch.full((b, width), -1, dtype=torch.int64, device=device)
@@ -142,6 +162,10 @@ class VllmV1Backend:
         target = self._memo.get(
             "target", f["target_logits"], rows, lambda: f["target_logits"][rows].to(torch.float32) / draft_temperature[:, None]
         )
+        if params is not None:  # apply_sampling_constraints: top-k / top-p after the temperature
+            owners = t(np.repeat(np.arange(b), counts))
+            key = torch.cat([rows.to(torch.float64), draft_temperature.to(torch.float64), t(params.key())])
+            target = self._memo.get("processed", f["target_logits"], key, lambda: self._processor.apply(target, owners, params))
         draft_probs = None
         if f["draft_logits"] is not None:
 
@@ -176,8 +200,9 @@ class VllmV1Backend:
         tokens[:, : out.shape[1]] = out
         return tokens, (out != -1).sum(dim=1)  # V1 pre-fills with -1 and writes a contiguous prefix
 
-    def _bonus_tokens(self, f, vocab: int, temperature, bonus_rows):
-        """What the engine's sampler would hand V1: argmax (greedy) or a draw from softmax(logits / T)."""
+    def _bonus_tokens(self, f, vocab: int, temperature, bonus_rows, params):
+        """What the engine's sampler would hand V1: argmax (greedy) or a draw from softmax(logits / T);
+        with top-k / top-p, from the bonus rows processed by vLLM's function (fp32, as its sampler)."""
         import torch
 
         from harness.torch_rng import uniforms as torch_uniforms
@@ -186,10 +211,19 @@ class VllmV1Backend:
 
         def cdf():
             logits = f["target_logits"][bonus_rows].to(torch.float64)
-            probs = torch.softmax(logits / torch.where(temps > 0, temps, 1.0)[:, None], dim=-1)
+            divisor = torch.where(temps > 0, temps, 1.0)[:, None]
+            if params is None:
+                probs = torch.softmax(logits / divisor, dim=-1)
+            else:
+                owners = torch.arange(len(temps), device=bonus_rows.device)
+                processed = self._processor.apply(f["target_logits"][bonus_rows].to(torch.float32) / divisor.float(), owners, params)
+                probs = torch.softmax(processed.to(torch.float64), dim=-1)
             return probs.cumsum(-1), logits.argmax(-1)
 
-        cdf, argmax = self._memo.get("bonus", f["target_logits"], torch.cat([bonus_rows.to(torch.float64), temps]), cdf)
+        key = torch.cat(
+            [bonus_rows.to(torch.float64), temps] + ([] if params is None else [torch.from_numpy(params.key()).to(temps.device)])
+        )
+        cdf, argmax = self._memo.get("bonus", f["target_logits"], key, cdf)
         u = torch_uniforms(f["seeds"].to(torch.int64), f["positions"].to(torch.int64)[bonus_rows], Stream.RESIDUAL)
         drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=vocab - 1)
         return torch.where(temps == 0, argmax, drawn)
