@@ -152,11 +152,14 @@ Which implementation runs (``apply_top_k_top_p``)
     Triton), else the sort path (``allow_cpu_sync`` on the CPU platform). On CUDA with at
     most 64 rows, rows with top-p and no top-k go through the split-row pipeline
     (``_apply_topp_split``), the others through ``_topk_topp_kernel``.
-  * 0.19.1, 0.20.0: Triton only when ``logits.shape[0] >= 8``, else the sort path. 0.24.0,
-    0.27.1: the same, and on the CPU platform Triton if available, else the sort path. The
-    rows counted are those of the call: V1's ``apply_sampling_constraints`` gets the draft
-    rows of the whole batch, MRV2's ``apply_sampling_params`` all its logits rows. So up to
-    0.27.1 the tie conventions on a GPU depend on the batch size: ``-sort`` below 8 rows.
+  * 0.19.1 to 0.29.0 (every wheel read): Triton only when ``logits.shape[0] >= 8``, else the
+    sort path; Triton whenever available from 0.30.0. On the CPU platform: 0.22.x the sort
+    path, 0.23.0 to 0.29.0 Triton if available, else the sort path (a ``+cpu`` build with
+    triton-cpu turns Triton on, ``vllm/triton_utils/importing.py``; not modeled by the
+    adapters, which take the sort path on CPU). The rows counted are those of the call: V1's
+    ``apply_sampling_constraints`` gets the draft rows of the whole batch, MRV2's
+    ``apply_sampling_params`` all its logits rows. So up to 0.29.0 the tie conventions on a
+    GPU depend on the batch size: ``-sort`` below 8 rows.
   * Not pinned: V1's bonus token on CUDA may be drawn by FlashInfer
     (``TopKTopPSampler.forward_cuda`` -> ``flashinfer_sample``, no masked logits), and
     FlashInfer/aiter/XPU samplers of non-speculative sampling.
