@@ -59,6 +59,13 @@ EXPECTED = {
     "bonus-after-reject": ({"structure"}, "greedy-ragged"),
     "residual-wrong-position": ({"outcome-law"}, "greedy-ragged"),
     "draft-before-topk": ({"outcome-law"}, "standard-topk"),
+    "min-p-skipped": ({"outcome-law", "acceptance-length"}, "standard-min-p"),
+    "top-p-drops-boundary": ({"outcome-law", "position-law"}, "standard-top-p"),
+    "top-p-before-temperature": ({"outcome-law"}, "standard-top-p"),
+    "drafter-shares-noise": ({"position-law"}, "engine-drafted"),
+    "drafter-after-processor": ({"draft-law"}, "engine-drafted"),
+    "drafter-other-precision": ({"draft-law"}, "engine-drafted-offset"),
+    "greedy-drafts-verified-with-probs": ({"position-law"}, "engine-greedy-drafter"),
 }
 MATRIX = Path(__file__).resolve().parents[1] / "docs" / "fault-matrix-triton.json"
 

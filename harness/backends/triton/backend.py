@@ -12,7 +12,7 @@ import os
 import torch
 
 from harness.backends import shared_rows as rows
-from harness.backends.triton import fused, staged
+from harness.backends.triton import drafting, fused, processing, staged
 from harness.backends.triton.tunables import DEFAULT_TUNABLES, Tunables
 from harness.protocol import method_codes
 from reference.methods import Method
@@ -73,13 +73,18 @@ class TritonBackend:
     bytes to read for bf16 / fp16 batches). ``path``: "auto" (fused up to
     ``fused_max_requests`` requests, staged above), "fused" or "staged" (``verify``).
     ``tunables``: thresholds, tile widths and launch plan (default ``DEFAULT_TUNABLES``; a variant
-    is a ``dataclasses.replace`` of it).
+    is a ``dataclasses.replace`` of it). Top-k, top-p and min-p (vLLM's Triton rules) are applied
+    to a copy of the target rows before either path (``processing.processed_target``); a batch
+    whose law follows the sort path's tie rules is declined (``supports``). A batch with
+    ``draft_sampling`` (``drafter``) has its drafts drawn on the device first
+    (``drafting.draft``), once, then verified on either path; ``sample`` returns them too.
     """
 
     name = "triton"
     devices = ("cpu", "cuda")
     device_batches = True  # takes batches built on its device (harness.sampling.device.trials)
     shared_rows = True  # reads rows through their stride: stride-0 logits stay views
+    drafter = True  # draws its own drafts when a batch asks (``draft_sampling``: ``drafting``)
 
     def __init__(
         self, device: str = "cpu", block_v: int | None = None, splits: int | None = None, path: str = "auto",
@@ -93,14 +98,18 @@ class TritonBackend:
         self.path = {"path": path, "fused_max_requests": fused_max_requests}
         self.tunables = tunables
 
+    def supports(self, batch) -> str | None:
+        return processing.declines(batch)
+
     def sample(self, batch):
         if self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("triton backend on cpu needs TRITON_INTERPRET=1 set before triton is imported")
         flags = {}  # the has_* flags: all True unless known
+        fault = self.tiles.get("fault", 0)
         fused = takes_fused_path(
             **self.path,
             num_requests=batch.num_requests,
-            fault=self.tiles.get("fault", 0),
+            fault=fault,
             cuda=self.device == "cuda",
             vocab=batch.vocab_size,
             tunables=self.tunables,
@@ -114,11 +123,20 @@ class TritonBackend:
         dtype = torch.float32 if self.device == "cpu" else getattr(torch, getattr(batch, "logits_dtype", "float32"))
         t["target_logits"] = rows.cast(t["target_logits"], dtype)
         t["draft_logits"] = None if t["draft_logits"] is None else rows.cast(t["draft_logits"], dtype)
-        return verify(
+        sampling = getattr(batch, "draft_sampling", None)
+        drafts = None
+        if sampling is not None:  # drawn once, before the dispatch: both paths verify the same drafts
+            drafts = drafting.draft(t, sampling, block_v=self.tiles["block_v"], fault=fault)
+        if batch.has_sampling_params:  # removed tokens become -inf in a copy; the kernels stay as they are
+            t["target_logits"] = processing.processed_target(
+                t["target_logits"], t["cu_num_drafts"], t["temperature"], t["top_k"], t["top_p"], t["min_p"], fault
+            )
+        out = verify(
             t["target_logits"], t["draft_logits"], t["draft_tokens"], t["cu_num_drafts"], t["temperature"], t["seeds"],
             t["positions"], t["methods"], t["synthetic_rates"], batch.max_drafts, **flags, **self.tiles, **self.path,
             tunables=self.tunables,
         )  # fmt: skip
+        return out if drafts is None else (*out, drafts)
 
 
 # --- backends with the path forced (``--backend harness.backends.triton.backend:FusedTritonBackend``) ---

@@ -28,6 +28,7 @@ STREAM_RESIDUAL = tl.constexpr(int(Stream.RESIDUAL))
 STREAM_TARGET = tl.constexpr(int(Stream.TARGET))
 STREAM_BLOCK = tl.constexpr(int(Stream.BLOCK))
 STREAM_CANDIDATE = tl.constexpr(int(Stream.CANDIDATE))
+STREAM_DRAFT = tl.constexpr(int(Stream.DRAFT))  # the drafter's alone (``drafting``): no verifier kernel draws from it
 _TWO_M52 = tl.constexpr(2.220446049250313e-16)  # 2**-52
 _MAX_INV_T = tl.constexpr(1e30)  # 1/T for tiny T: keeps (a - max) * inv_t finite, ties intact
 LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: a finite "nothing seen yet"
@@ -68,6 +69,8 @@ OOV_LANE_WINS = _fault("oov-lane-wins")
 CONTINUE_AFTER_REJECT = _fault("continue-after-reject")
 BONUS_AFTER_REJECT = _fault("bonus-after-reject")
 RESIDUAL_WRONG_POSITION = _fault("residual-wrong-position")
+DRAFTER_SHARES_NOISE = _fault("drafter-shares-noise")
+DRAFTER_OTHER_PRECISION = _fault("drafter-other-precision")
 SHIFT_MARK = tl.constexpr(2.0)  # residual-wrong-position: a chain rejection's job rho (a real rho is <= 1)
 
 

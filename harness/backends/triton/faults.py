@@ -5,7 +5,10 @@ the correct sampler compiles to the same code as without this module and every f
 resolved at compile time. Names are those of ``harness.backends.faults`` where the bug is the same
 one; ``note`` says where the Triton form differs from the reference's. Three are the
 caller's bugs, planted on the kernels' inputs (``ignore-draft-probs`` and
-``temperature-twice`` in ``verify()``, ``draft-before-topk`` in ``TritonFaultBackend``).
+``temperature-twice`` in ``verify()``, ``draft-before-topk`` in ``TritonFaultBackend``); the
+processing pre-pass's three (28-30) and two of the drafter's (32, 34) are Python branches of
+the host code they live in (``processing``, ``drafting.draft``), the other two drafter faults
+branches of ``_draft_kernel``.
 ``NOT_PLANTED`` names the reference faults this sampler has no place for, and why. This
 module imports no Triton, so the registry can list and check names anywhere.
 """
@@ -92,6 +95,34 @@ TRITON_FAULTS = {
         27,
         "TritonFaultBackend.sample, a caller bug: the kernels get the draft's logits before its top-k / top-p mask "
         "(masked ones set to the row's lowest finite logit, HF #32867 class); the kernels are the correct ones",
+    ),
+    "min-p-skipped": TritonFault(28, "processing.removed, on the host: the min-p step skipped (vLLM #42744 class)"),
+    "top-p-drops-boundary": TritonFault(
+        29,
+        "processing.removed, on the host: top-p drops a token once its inclusive prefix mass passes p (the top one stays), "
+        "so the token that reaches p is dropped",
+        "a uniform row without top-k stays whole, as in the correct rules",
+    ),
+    "top-p-before-temperature": TritonFault(
+        30,
+        "processing.removed, on the host: top-p's prefix masses taken from the logits before temperature (the tempered "
+        "order, min-p and top-k kept)",
+        "min-p and top-k stay on the tempered distribution (the reference fault runs both untempered for top-p's set)",
+    ),
+    "drafter-shares-noise": TritonFault(
+        31, "_draft_kernel: drafts drawn with the residual draw's uniform (seed, position, RESIDUAL) (vLLM #47386 class)"
+    ),
+    "drafter-after-processor": TritonFault(
+        32,
+        "drafting.draft, on the host: the drafting kernel samples from the draft rows after a top-2 processor "
+        "(processing.removed), the verifier's q from the raw rows (HF #47932 class)",
+        "exactly 2 kept, ties to the lowest ids (the reference keeps every token tied with the second)",
+    ),
+    "drafter-other-precision": TritonFault(
+        33, "_draft_kernel: the drafting weights from logits / T rounded to bfloat16; the verifier's q is fp32 (DeepSpec #31 class)"
+    ),
+    "greedy-drafts-verified-with-probs": TritonFault(
+        34, "drafting.draft, on the host: greedy drafts verified against the draft logits, not as point masses (HF #32867)"
     ),
 }
 

@@ -82,6 +82,9 @@ class SmallTiles:
         self.device = "cpu"
         self._sampler = TritonBackend("cpu", block_v=SMALL_TILE, splits=self.splits)
 
+    def supports(self, batch) -> str | None:
+        return self._sampler.supports(batch)
+
     def sample(self, batch):
         return self._sampler.sample(batch)
 
