@@ -2,7 +2,8 @@
 
 ``reference``          the float64 NumPy sampler (``reference.sampler``).
 ``triton``             the suite's own Triton sampler (``harness.backends.triton``).
-``vllm-mrv2``          vLLM's Model Runner V2 ``rejection_sample`` (``harness.backends.vllm.mrv2``).
+``vllm-mrv2``          vLLM's Model Runner V2 ``rejection_sample`` (``harness.backends.vllm.mrv2``), with
+                       its drafter's ``gumbel_sample`` for drafts it draws (``harness.backends.vllm.drafting``).
 ``vllm-v1``            vLLM's V1 ``rejection_sample`` (``harness.backends.vllm.v1``).
 ``fault:NAME``         the reference with one planted bug (``harness.backends.faults``).
 ``triton-fault:NAME``  the Triton sampler with one planted kernel bug (``harness.backends.triton.faults``).
@@ -52,7 +53,7 @@ class FunctionBackend:
 # Built-in names for backends whose modules import heavy packages only when loaded.
 NAMED = {
     "triton": "harness.backends.triton.backend:TritonBackend",
-    "vllm-mrv2": "harness.backends.vllm.mrv2:VllmMrv2Backend",
+    "vllm-mrv2": "harness.backends.vllm.drafting:VllmMrv2DrafterBackend",  # MRV2's verifier, and its drafter when asked
     "vllm-v1": "harness.backends.vllm.v1:VllmV1Backend",
 }
 
