@@ -73,6 +73,11 @@ class Sampler:
                 f"method {Method(int(other[0])).name.lower()}: HF's _speculative_sampling is the standard method "
                 "(Leviathan et al. Algorithm 1) alone"
             )
+        if getattr(batch, "has_sampling_params", False):
+            return (
+                "top-k / top-p / min-p: this adapter hands _speculative_sampling logits after temperature only "
+                "(HF's warpers run in generate()'s own order, top-k -> top-p -> min-p, which no reference engine models)"
+            )
         if batch.draft_logits is None:
             return (
                 "no draft logits: HF calls _speculative_sampling only with the candidate generator's logits "
