@@ -466,3 +466,31 @@ V1_CASES = {
     "V1000-min_p": (1000, dict(temperature=1.7, min_p=0.15)),
     "V1000-top_p-min_p": (1000, dict(temperature=0.4, top_p=0.6, min_p=0.001)),
 }
+
+
+# --- vLLM adapters on the CPU (suites/test_vllm*.py) ---------------------------------------------
+def vllm_backend(module, cls_name):
+    """An adapter of ``harness.backends.vllm``, or a skip naming why vLLM is not usable here."""
+    ok, why = module.availability()
+    if not ok:
+        pytest.skip(f"vLLM not usable here: {why}")
+    return getattr(module, cls_name)()
+
+
+def first_batch(scenario, count=1):
+    """The first ``count`` trials of ``scenario``, as the runner builds them."""
+    from harness.scenarios.materialize import materialize, trials
+
+    return trials(scenario, materialize(scenario), 0, count).batch
+
+
+def failing_checks(dotted: str, scenario, profile, device: str = "cpu") -> list[str]:
+    """Run one scenario through the runner: the failing or erroring checks' lines (empty when all pass)."""
+    from harness.run.runner import run
+
+    result = run([dotted], [scenario], profile, 0, device=device)
+    return [
+        f"{r.scenario}[{r.template}] {r.check}: {r.verdict}: {r.message}\n  {r.reproducer}"
+        for r in result.records
+        if r.verdict in ("fail", "error")
+    ]

@@ -34,6 +34,7 @@ from harness.protocol import as_numpy_drafted_outputs, as_numpy_outputs  # noqa:
 from harness.run.runner import run  # noqa: E402
 from harness.scenarios.catalog import catalog  # noqa: E402
 from harness.scenarios.profiles import get_profile  # noqa: E402
+from harness.scenarios.strategies import without_mates  # noqa: E402
 from reference.distributions import softmax_rows  # noqa: E402
 from reference.methods import Method  # noqa: E402
 from reference.rules import inverse_cdf  # noqa: E402
@@ -209,29 +210,15 @@ def test_drafts_are_keyed_by_seed_and_position_only():
     counts = np.diff(cu)
     r = int(np.flatnonzero(counts >= 3)[0])
     order = np.r_[r, np.setdiff1d(np.arange(batch.num_requests), [r])[::-1]]  # r first, its mates reversed
-    alone = _subset(batch, [r])
+    alone = without_mates(batch, [r])
     assert np.array_equal(_sample(alone)[2], drafts[cu[r] : cu[r + 1]])
-    moved = _subset(batch, order)
+    moved = without_mates(batch, order)
     assert np.array_equal(_sample(moved)[2][: counts[r]], drafts[cu[r] : cu[r + 1]])
-    many = _subset(batch, np.flatnonzero(counts > 0))
+    many = without_mates(batch, np.flatnonzero(counts > 0))
     reseeded = _sample(dataclasses.replace(many, seeds=many.seeds + 1))[2]
     shifted = _sample(dataclasses.replace(many, positions=many.positions + 1))[2]
     same = _sample(many)[2]
     assert (reseeded != same).mean() > 0.2 and (shifted != same).mean() > 0.2
-
-
-def _subset(batch, reqs):
-    """The requests ``reqs`` of ``batch``, in that order, as a batch of their own."""
-    cu = batch.cu_num_drafts
-    d_rows = np.concatenate([np.arange(cu[r], cu[r + 1]) for r in reqs])
-    t_rows = np.concatenate([np.arange(cu[r] + r, cu[r + 1] + r + 1) for r in reqs])
-    counts = np.diff(cu)[reqs]
-    return dataclasses.replace(
-        batch, target_logits=batch.target_logits[t_rows], draft_logits=batch.draft_logits[d_rows],
-        draft_tokens=batch.draft_tokens[d_rows], cu_num_drafts=np.concatenate([[0], np.cumsum(counts)]),
-        temperature=batch.temperature[reqs], seeds=batch.seeds[reqs], positions=batch.positions[t_rows],
-        methods=batch.methods[reqs], synthetic_rates=batch.synthetic_rates[reqs], max_drafts=int(counts.max()),
-    ).validate()  # fmt: skip
 
 
 def test_batch_without_draft_sampling_takes_the_old_path(monkeypatch):

@@ -29,12 +29,11 @@ import pytest
 from harness.backends.vllm import mrv2 as vllm_mrv2
 from harness.backends.vllm import v1 as vllm_v1
 from harness.gpus import gpu_skip_reason
-from harness.run.runner import run
 from harness.scenarios.catalog import catalog, find
-from harness.scenarios.materialize import materialize, trials
 from harness.scenarios.profiles import get_profile
 from reference import synthetic as synth
 from reference.sampler import ReferenceSampler
+from suites.helpers import failing_checks, first_batch, vllm_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 MRV2 = "harness.backends.vllm.mrv2:VllmMrv2Backend"
@@ -49,38 +48,22 @@ CPU_SCENARIOS = {MRV2: [*_EXACT, "block-greedy", *_SLOW], V1: [*_EXACT, _SLOW[0]
 GREEDY_SCENARIOS = ["greedy-ragged", "greedy-ties", "greedy-placeholder", "greedy-sampled"]
 
 
-def _backend(module, cls_name):
-    ok, why = module.availability()
-    if not ok:
-        pytest.skip(f"vLLM not usable here: {why}")
-    return getattr(module, cls_name)()
-
-
 @pytest.fixture(scope="module")
 def mrv2():
-    return _backend(vllm_mrv2, "VllmMrv2Backend")
+    return vllm_backend(vllm_mrv2, "VllmMrv2Backend")
 
 
 @pytest.fixture(scope="module")
 def v1():
-    return _backend(vllm_v1, "VllmV1Backend")
-
-
-def _first_batch(scenario, count=1):
-    return trials(scenario, materialize(scenario), 0, count).batch
+    return vllm_backend(vllm_v1, "VllmV1Backend")
 
 
 def _verify(backend_obj, dotted, scenario, profile, device="cpu"):
     """Run one scenario through the runner; the failing checks' lines (empty when all pass)."""
-    reason = backend_obj.supports(_first_batch(scenario))
+    reason = backend_obj.supports(first_batch(scenario))
     if reason:
         pytest.skip(f"{scenario.name}: {reason}")
-    result = run([dotted], [scenario], profile, 0, device=device)
-    return [
-        f"{r.scenario}[{r.template}] {r.check}: {r.verdict}: {r.message}\n  {r.reproducer}"
-        for r in result.records
-        if r.verdict in ("fail", "error")
-    ]
+    return failing_checks(dotted, scenario, profile, device)
 
 
 # --- CPU (Triton interpreter) -------------------------------------------------------------
@@ -103,7 +86,7 @@ def test_v1_smoke_cpu(v1, name):
 def test_greedy_equals_reference_exactly(which, name, request):
     """Greedy verification is deterministic: vLLM must emit exactly the reference's tokens."""
     backend = request.getfixturevalue(which)
-    batch = _first_batch(find(catalog(get_profile("smoke")), name), count=8)
+    batch = first_batch(find(catalog(get_profile("smoke")), name), count=8)
     tokens, emitted = (np.asarray(x.cpu()) for x in backend.sample(batch))
     ref_tokens, ref_emitted = ReferenceSampler().sample(batch)
     np.testing.assert_array_equal(emitted, ref_emitted)
@@ -113,11 +96,11 @@ def test_greedy_equals_reference_exactly(which, name, request):
 
 def test_mrv2_reports_what_it_cannot_express(mrv2):
     smoke = catalog(get_profile("smoke"))
-    assert "strict" in mrv2.supports(_first_batch(find(smoke, "strict-fixed")))
-    assert "truncates the target" in mrv2.supports(_first_batch(find(smoke, "standard-small-draft-vocab")))
-    assert mrv2.supports(_first_batch(find(smoke, "block-fixed"))) is None
+    assert "strict" in mrv2.supports(first_batch(find(smoke, "strict-fixed")))
+    assert "truncates the target" in mrv2.supports(first_batch(find(smoke, "standard-small-draft-vocab")))
+    assert mrv2.supports(first_batch(find(smoke, "block-fixed"))) is None
     with pytest.raises(ValueError, match="cannot verify this batch"):
-        mrv2.sample(_first_batch(find(smoke, "strict-fixed")))
+        mrv2.sample(first_batch(find(smoke, "strict-fixed")))
 
 
 def test_mrv2_truncates_target_to_draft_vocab(mrv2):
@@ -126,7 +109,7 @@ def test_mrv2_truncates_target_to_draft_vocab(mrv2):
     so target ids past the draft vocabulary are never emitted, although the target gives them
     mass. Lossless only when those ids are masked; the reference keeps the full target."""
     scenario = find(catalog(get_profile("smoke")), "standard-small-draft-vocab")
-    batch = _first_batch(scenario, count=16)
+    batch = first_batch(scenario, count=16)
     tokens, emitted = (np.asarray(x.cpu()) for x in mrv2._api.sample(batch, "cpu"))
     draft_vocab = batch.draft_logits.shape[1]
     emitted_ids = tokens[np.arange(tokens.shape[1])[None, :] < emitted[:, None]]

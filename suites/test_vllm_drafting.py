@@ -38,6 +38,7 @@ from harness.run.runner import run
 from harness.scenarios.catalog import catalog, find
 from harness.scenarios.profiles import get_profile
 from harness.scenarios.scenario import RequestSpec, Scenario
+from harness.scenarios.strategies import without_mates
 from reference.methods import Method
 from suites.helpers import assert_same_outputs, build_batch
 
@@ -176,18 +177,8 @@ def _drafts(backend, batch):
 
 
 def _subset(batch, reqs):
-    """The requests ``reqs`` of ``batch``, in that order, as a batch of their own."""
-    cu = batch.cu_num_drafts
-    d_rows = np.concatenate([np.arange(cu[r], cu[r + 1]) for r in reqs])
-    t_rows = np.concatenate([np.arange(cu[r] + r, cu[r + 1] + r + 1) for r in reqs])
-    counts = np.diff(cu)[reqs]
-    return dataclasses.replace(
-        batch, target_logits=batch.target_logits[t_rows], draft_logits=batch.draft_logits[d_rows],
-        draft_tokens=batch.draft_tokens[d_rows], cu_num_drafts=np.concatenate([[0], np.cumsum(counts)]),
-        temperature=batch.temperature[reqs], seeds=batch.seeds[reqs], positions=batch.positions[t_rows],
-        methods=batch.methods[reqs], synthetic_rates=batch.synthetic_rates[reqs], max_drafts=int(counts.max()),
-        request_slots=np.arange(len(reqs)) * 7 + 1,
-    ).validate()  # fmt: skip
+    """The requests ``reqs`` of ``batch``, in that order, at other state slots, as a batch of their own."""
+    return dataclasses.replace(without_mates(batch, reqs), request_slots=np.arange(len(reqs)) * 7 + 1).validate()
 
 
 # --- the drafts are vLLM's gumbel_sample, keyed by (seed, pos, step) ------------------------------

@@ -33,9 +33,9 @@ from harness.backends.vllm import processing
 from harness.backends.vllm import v1 as vllm_v1
 from harness.run.runner import run
 from harness.scenarios.catalog import catalog, find
-from harness.scenarios.materialize import materialize, trials
 from harness.scenarios.profiles import get_profile
 from harness.scenarios.scenario import RequestSpec, Scenario
+from suites.helpers import failing_checks, first_batch, vllm_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = Path(os.environ.get("SPECDEC_VLLM_TREES", ROOT / "vendor"))
@@ -66,25 +66,14 @@ CONTRACT_SHARED = Scenario(
 )
 
 
-def _backend(module, cls_name):
-    ok, why = module.availability()
-    if not ok:
-        pytest.skip(f"vLLM not usable here: {why}")
-    return getattr(module, cls_name)()
-
-
 @pytest.fixture(scope="module")
 def mrv2():
-    return _backend(vllm_mrv2, "VllmMrv2Backend")
+    return vllm_backend(vllm_mrv2, "VllmMrv2Backend")
 
 
 @pytest.fixture(scope="module")
 def v1():
-    return _backend(vllm_v1, "VllmV1Backend")
-
-
-def _first_batch(scenario, count=1):
-    return trials(scenario, materialize(scenario), 0, count).batch
+    return vllm_backend(vllm_v1, "VllmV1Backend")
 
 
 def _smoke(name):
@@ -93,14 +82,9 @@ def _smoke(name):
 
 def _verify(backend_obj, dotted, scenario, profile):
     """Run one scenario through the runner; the failing checks' lines (empty when all pass)."""
-    reason = backend_obj.supports(_first_batch(scenario))
+    reason = backend_obj.supports(first_batch(scenario))
     assert reason is None, f"{scenario.name}: declined: {reason}"
-    result = run([dotted], [scenario], profile, 0)
-    return [
-        f"{r.scenario}[{r.template}] {r.check}: {r.verdict}: {r.message}\n  {r.reproducer}"
-        for r in result.records
-        if r.verdict in ("fail", "error")
-    ]
+    return failing_checks(dotted, scenario, profile)
 
 
 # --- (a) catalog scenarios on the CPU -------------------------------------------------------------
@@ -129,9 +113,9 @@ def test_triton_ties_are_declined_cpu(which, request):
     """On the CPU vLLM runs the sort path: a law that follows Triton's tie rule is declined
     (the sort path's, ``standard-top-k-ties-sort``, passes: ``test_contract_scenario_passes``)."""
     backend = request.getfixturevalue(which)
-    reason = backend.supports(_first_batch(_smoke("standard-top-k-ties")))
+    reason = backend.supports(first_batch(_smoke("standard-top-k-ties")))
     assert reason and "'vllm'" in reason and "'vllm-sort'" in reason and "sort path" in reason, reason
-    assert backend.supports(_first_batch(_smoke("standard-top-k-ties-sort"))) is None
+    assert backend.supports(first_batch(_smoke("standard-top-k-ties-sort"))) is None
 
 
 # --- (b) vLLM breaking a convention must fail a check ----------------------------------------------
@@ -217,7 +201,7 @@ _IDS = [f"{d.split(':')[1][4:-7].lower()}-{c}" for d, _, c in CONVENTIONS]
 
 @pytest.mark.parametrize("dotted,scenario,change", CONVENTIONS, ids=_IDS)
 def test_contract_scenario_passes(dotted, scenario, change):
-    _backend(vllm_mrv2 if dotted == MRV2 else vllm_v1, "VllmMrv2Backend" if dotted == MRV2 else "VllmV1Backend")
+    vllm_backend(vllm_mrv2 if dotted == MRV2 else vllm_v1, "VllmMrv2Backend" if dotted == MRV2 else "VllmV1Backend")
     failed, checks = _records(dotted, scenario)
     assert checks > 1 and not failed, failed
 
@@ -227,14 +211,14 @@ def test_vllm_breaking_a_convention_fails(dotted, scenario, change, monkeypatch)
     """vLLM's top-k keeps k + 1 tokens, or its sort path cuts a tie at the k-th value to k
     tokens, its top-p drops the token that reaches p, its min-p does nothing: the adapter
     still calls it as the contract says, and a law check fails."""
-    _backend(vllm_mrv2 if dotted == MRV2 else vllm_v1, "VllmMrv2Backend" if dotted == MRV2 else "VllmV1Backend")
+    vllm_backend(vllm_mrv2 if dotted == MRV2 else vllm_v1, "VllmMrv2Backend" if dotted == MRV2 else "VllmV1Backend")
     _break(change, monkeypatch)
     failed, _ = _records(dotted, scenario)
     assert LAW_CHECKS & failed, f"{change}: no law check failed ({failed})"
 
 
 def test_mrv2_shared_row_passes():
-    _backend(vllm_mrv2, "VllmMrv2Backend")
+    vllm_backend(vllm_mrv2, "VllmMrv2Backend")
     failed, checks = _records(MRV2, CONTRACT_SHARED)
     assert checks > 1 and not failed, failed
 
@@ -242,16 +226,16 @@ def test_mrv2_shared_row_passes():
 # --- (c) what supports() declines -------------------------------------------------------------------
 def test_v1_declines_min_p(v1):
     for name in ("standard-min-p", "standard-top-k-top-p"):  # the latter has min_p = 1e-5
-        reason = v1.supports(_first_batch(_smoke(name)))
+        reason = v1.supports(first_batch(_smoke(name)))
         assert reason and "min-p" in reason and "MinTokensLogitsProcessor" in reason, (name, reason)
-    greedy = _first_batch(_smoke("standard-min-p"))
+    greedy = first_batch(_smoke("standard-min-p"))
     greedy = dataclasses.replace(greedy, temperature=np.zeros_like(greedy.temperature))
     assert v1.supports(greedy) is None  # vLLM resets a greedy request's min-p
 
 
 def test_mrv2_applies_min_p(mrv2):
-    assert mrv2.supports(_first_batch(_smoke("standard-min-p"))) is None
-    assert mrv2.supports(_first_batch(_smoke("standard-top-k-top-p"))) is None
+    assert mrv2.supports(first_batch(_smoke("standard-min-p"))) is None
+    assert mrv2.supports(first_batch(_smoke("standard-top-k-top-p"))) is None
 
 
 @pytest.mark.parametrize("which", ["mrv2", "v1"])
@@ -262,8 +246,8 @@ def test_cuda_tie_rules_follow_the_release(which, request, monkeypatch):
     if not processing.TRITON_AT_ANY_ROWS.holds(vllm_env.version()):
         pytest.skip(f"installed vLLM {vllm_env.version()}: its dispatch depends on the rows")
     monkeypatch.setattr(backend, "device", "cuda")
-    assert backend.supports(_first_batch(_smoke("standard-top-k-ties"))) is None
-    reason = backend.supports(_first_batch(_smoke("standard-top-k-ties-sort")))
+    assert backend.supports(first_batch(_smoke("standard-top-k-ties"))) is None
+    reason = backend.supports(first_batch(_smoke("standard-top-k-ties-sort")))
     assert reason and "'vllm-sort'" in reason and "runs Triton" in reason, reason
 
 
@@ -282,15 +266,15 @@ def test_cuda_tie_rules_follow_the_release(which, request, monkeypatch):
     ],
 )
 def test_tie_rules_by_release(version, device, rows, rules):
-    _backend(vllm_v1, "VllmV1Backend")
+    vllm_backend(vllm_v1, "VllmV1Backend")
     proc = processing.Processor(Version(version) if version else None, with_min_p=False)
     assert proc.rules(device, rows) == rules
 
 
 def test_undecided_release_declines_tie_laws_on_cuda():
-    _backend(vllm_v1, "VllmV1Backend")
+    vllm_backend(vllm_v1, "VllmV1Backend")
     proc = processing.Processor(Version("0.29.1.dev4"), with_min_p=False)
-    batch = _first_batch(_smoke("standard-top-k-ties"))  # 3 rows
+    batch = first_batch(_smoke("standard-top-k-ties"))  # 3 rows
     reason = proc.tie_rules_reason(batch, processing.request_params(batch), "cuda", [("a call", 3)])
     assert reason and "does not say" in reason, reason
     assert proc.tie_rules_reason(batch, processing.request_params(batch), "cuda", [("a call", 8)]) is None
@@ -304,15 +288,15 @@ def test_release_boundaries():
 
 
 def test_greedy_requests_have_no_parameters():
-    batch = _first_batch(_smoke("greedy-top-k"))
+    batch = first_batch(_smoke("greedy-top-k"))
     assert processing.request_params(batch) is None  # vLLM resets them: nothing to apply, nothing declined
-    params = processing.request_params(_first_batch(_smoke("standard-top-k")))
+    params = processing.request_params(first_batch(_smoke("standard-top-k")))
     assert params.top_k.dtype == np.int32 and params.do_top_k and not params.do_top_p and not params.do_min_p
 
 
 def test_missing_top_k_function_is_api_drift(monkeypatch):
     """A release without the sort path's signature: batches with top-k/top-p report drift."""
-    _backend(vllm_v1, "VllmV1Backend")
+    vllm_backend(vllm_v1, "VllmV1Backend")
     module = vllm_env.import_vllm(_TOPK_TOPP)
     monkeypatch.setattr(module, "apply_top_k_top_p_pytorch", lambda logits, k, p: logits)
     errors = [(r.kind, r.message) for r in run([V1], [CONTRACT_TOP_K], CONTRACT_PROFILE, 0).records if r.verdict == "error"]
@@ -325,9 +309,9 @@ def test_processing_leaves_the_batch_alone():
     shared by every request gives the rows the materialized call gives."""
     import torch
 
-    _backend(vllm_mrv2, "VllmMrv2Backend")
+    vllm_backend(vllm_mrv2, "VllmMrv2Backend")
     proc = processing.Processor(vllm_env.version(), with_min_p=True)
-    batch = _first_batch(_smoke("standard-top-k-top-p"))
+    batch = first_batch(_smoke("standard-top-k-top-p"))
     params = processing.request_params(batch)
     row = torch.linspace(-2.0, 2.0, 8)[None]
     shared = row.expand(5, 8)
@@ -366,7 +350,7 @@ def test_vllm_019_processing_cpu():
     tree = TREES / "vllm-0.19.1"
     if not (tree / "vllm" / "__init__.py").is_file():
         pytest.skip(f"no vLLM 0.19.1 tree at {tree} (python scripts/build_vllm_tree.py --version 0.19.1 --no-wheelhouse)")
-    _backend(vllm_mrv2, "VllmMrv2Backend")  # the import closure is installed
+    vllm_backend(vllm_mrv2, "VllmMrv2Backend")  # the import closure is installed
     cases = [(MRV2, "standard-processing-one-token"), (MRV2, STRICT_TOP_K.to_json()), (V1, "standard-processing-one-token")]
     env = {**os.environ, vllm_env.SRC_ENV: str(tree), "PYTHONPATH": str(ROOT)}
     res = subprocess.run(
