@@ -162,7 +162,11 @@ def test_drift_page_renders(run_doc, tmp_path, browser):
     out = str(tmp_path / "drift.html")
     assert main(["report", "--history", path, "--out", out]) == 0
     with open_page(browser, out) as (page, errors):
-        assert page.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length") >= 1
+        page.wait_for_selector(".js-plotly-plot .main-svg")  # drawn once the matrix has painted
+        assert page.locator("#matrix tr.row").count() > 10
+        assert page.evaluate(f"document.getElementById('matrix').textContent.includes({json.dumps(EVIL)})")
+        page.click("#matrix tr.row td.c.fail")  # its detail panel, markup shown as text
+        assert page.locator("#detail").is_visible()
         assert page.evaluate("window.__pwned === undefined")
         os.makedirs(SCREENSHOTS, exist_ok=True)
         page.screenshot(path=os.path.join(SCREENSHOTS, "drift.png"), full_page=True)
