@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LIMIT_MIB = 60
 SIBLING_FOLDER_LIMIT = 512 * 1024  # bytes of .py in a folder whose unloaded files are kept
 # Closure members a GPU image with torch already has, and pins that are not part of the closure.
-SKIP_IN_WHEELHOUSE = {"vllm", "gguf"}
+SKIP_IN_WHEELHOUSE = {"vllm"}
 NEEDS_GLIBC_2_31 = {"llguidance"}
 PROBE = """
 import json, sys

@@ -3,17 +3,20 @@
 # in vendor/ (scripts/build_vllm_tree.py; vendor/suite-wheels: what the suite needs and the
 # image lacks, plotly, from `pip download --no-deps --only-binary=:all: --python-version 3.12
 # -d vendor/suite-wheels plotly==7.1.0`).
-# Usage: OUT=/some/dir [STEPS="verdict runs runbench pytest kernels"] [VERDICT_ARGS="--backend triton"]
+# vendor/vllm-trees.tar.xz (scripts/vllm_releases.py prepare --pack) holds the python-only trees
+# of every release the `releases` step verifies; it is unpacked into vendor/ first.
+# Usage: OUT=/some/dir [STEPS="releases verdict runs runbench pytest kernels"] [VERDICT_ARGS="--backend triton"]
 #        [PYTEST_ARGS="suites/test_triton_gpu.py -m gpu"] [KERNEL_ARGS="--backends triton,vllm-mrv2"] bash scripts/gpu_run.sh
 #   -> $OUT/gpu_results.tgz (logs, JSON, reports)
 set -u
 OUT=${OUT:-reports/gpu}
-STEPS=${STEPS:-verdict runs runbench pytest kernels}
+STEPS=${STEPS:-releases verdict runs runbench pytest kernels}
 WORK=/tmp/gpu-results
 mkdir -p "$OUT" "$WORK" /tmp/vdeps
 for w in vendor/wheelhouse/*.whl vendor/suite-wheels/*.whl; do
   [ -e "$w" ] && python -m zipfile -e "$w" /tmp/vdeps
 done
+[ -f vendor/vllm-trees.tar.xz ] && tar -xJf vendor/vllm-trees.tar.xz -C vendor
 export PYTHONPATH=/tmp/vdeps SPECDEC_VLLM_SRC=$PWD/vendor/vllm-0.33.0 SPECDEC_VLLM_019_SRC=$PWD/vendor/vllm-0.19.1
 # The lent image sets PYTHONDONTWRITEBYTECODE and ships no .pyc: every process (each worker,
 # each test's subprocess) would compile torch's and vLLM's sources again, ~10 s per vLLM import.
@@ -28,6 +31,9 @@ step() {  # step NAME TIMEOUT CMD...: run with a time limit, log, note the exit 
 }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 { nvidia-smi; python -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$WORK/machine.txt" 2>&1
+# Every release's V1 and MRV2 in one run, one history run per release (scripts/vllm_releases.py).
+has releases && step releases "${RELEASES_TIMEOUT:-540}" python scripts/vllm_releases.py run --trees vendor --profile gpu \
+  --device cuda --history "$WORK/releases.sqlite" --out "$WORK/releases" --json "$WORK/vllm-releases.json" ${RELEASES_ARGS:-}
 has verdict && step bench_verdict "${VERDICT_TIMEOUT:-240}" python benchmarks/bench_verdict.py --json "$WORK/bench_verdict.json" ${VERDICT_ARGS:-}
 if has runs; then
   for b in triton vllm-mrv2 vllm-v1; do

@@ -333,7 +333,7 @@ def vllm_trees() -> list:
         trees.append(pytest.param(installed[1], id=installed[0]))
     else:
         trees.append(pytest.param(None, id="installed", marks=pytest.mark.skip(reason="vLLM is not installed")))
-    for version in ("0.19.1", "0.20.0", "0.24.0", "0.27.1"):
+    for version in ("0.19.1", "0.20.2", "0.24.0", "0.27.1"):
         folder = REPO_ROOT / "vendor" / f"vllm-{version}" / "vllm"
         if folder.is_dir():
             trees.append(pytest.param(folder, id=version))

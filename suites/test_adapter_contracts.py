@@ -16,8 +16,8 @@ the reference on none.
 
 Releases other than the installed one run in a subprocess from python-only trees (one vLLM
 per process): ``vendor/vllm-X`` or ``SPECDEC_VLLM_TREES``, built by ``python
-scripts/build_vllm_tree.py --version X --no-wheelhouse`` for X in 0.19.1, 0.20.0, 0.24.0 and
-0.27.1; their tests skip, saying so, without them.
+scripts/vllm_releases.py prepare --releases 0.19.1,0.20.2,0.21.0,0.24.0,0.27.1`` (one tree per MRV2
+API era); their tests skip, saying so, without them.
 """
 
 import dataclasses
@@ -44,6 +44,7 @@ MRV2 = "harness.backends.vllm.mrv2:VllmMrv2Backend"
 V1 = "harness.backends.vllm.v1:VllmV1Backend"
 MRV2_UTILS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
 MRV2_019 = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
+MRV2_020 = "vllm.v1.worker.gpu.spec_decode.probabilistic_rejection_sampler_utils"
 GUMBEL = "vllm.v1.worker.gpu.sample.gumbel"
 V1_MODULE = "vllm.v1.sample.rejection_sampler"
 LAW_CHECKS = {"outcome-law", "position-law", "acceptance-length"}
@@ -99,6 +100,7 @@ CHANGES = {
     "mrv2-draft-divided-twice": (MRV2_UTILS, "rejection_sample", _mrv2_draft_scaled(-1)),
     "mrv2-target-divided-again": (MRV2_UTILS, "rejection_sample", _mrv2_target_divided_again),
     "mrv2-019-draft-divided-twice": (MRV2_019, "probabilistic_rejection_sample", _mrv2_draft_scaled(-1)),
+    "mrv2-020-draft-divided-twice": (MRV2_020, "probabilistic_rejection_sample", _mrv2_draft_scaled(-1)),
     "v1-target-divided-again": (V1_MODULE, "rejection_sample", _v1_target_divided_again),
     "v1-draft-probs-tempered-again": (V1_MODULE, "rejection_sample", _v1_draft_probs_tempered_again),
 }
@@ -272,18 +274,20 @@ def test_mrv2_0240_reads_draft_cache_at_target_width():
     assert records and all(verdict == "pass" for _, verdict, _ in records), records
 
 
-def test_mrv2_0200_api_is_drift():
-    """0.20-0.21's MRV2 API (probabilistic_rejection_sampler_utils) matches no contract the
-    adapter binds: api-drift, not a best-effort call of 0.19's path."""
-    tree = TREES / "vllm-0.20.0"
-    if not (tree / "vllm" / "__init__.py").is_file():
-        pytest.skip(f"no vLLM 0.20.0 tree at {tree} (python scripts/build_vllm_tree.py --version 0.20.0 --no-wheelhouse)")
-    _available(vllm_mrv2)
-    code = "from harness.backends.vllm import mrv2\nprint(mrv2.availability()[1])\n"
-    env = {**os.environ, vllm_env.SRC_ENV: str(tree), "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "vLLM API changed" in res.stdout and "0.20-0.21" in res.stdout, res.stdout
+@pytest.mark.slow
+def test_mrv2_0202_feeds_divided_draft_logits():
+    """0.20's API: probabilistic_rejection_sampler_utils, strict in rejection_sampler, synthetic
+    with conditional rates; its drafter caches logits / T in fp32, as 0.19's."""
+    out = _in_tree("0.20.2", MRV2)
+    assert "probabilistic_rejection_sampler_utils" in out["api"] and "+ strict" in out["api"], out
+    _assert_passes(out)
+
+
+@pytest.mark.slow
+def test_mrv2_0210_kernel_dividing_again_fails():
+    """0.21 (no strict, draft logits optional) takes divided draft logits too: a kernel that
+    divides them again (0.28.0's contract) fed by a 0.21 adapter must fail."""
+    _assert_law_fails(_in_tree("0.21.0", MRV2, "mrv2-020-draft-divided-twice"))
 
 
 # --- api-drift: a signature no contract matches -------------------------------------------------

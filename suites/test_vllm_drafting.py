@@ -290,6 +290,8 @@ _BASE = ["logits", "expanded_idx_mapping", "temperature", "seed", "pos", "apply_
     "extra,version,legacy,era",
     [
         (["processed_logits_out"], "0.19.1", True, "0.19-0.20"),
+        (["processed_logits_out"], "0.20.2", True, "0.19-0.20"),
+        (["output_processed_logits", "output_processed_logits_col"], "0.21.0", True, "0.21-0.27"),
         (["output_processed_logits", "output_processed_logits_col", "use_fp64"], "0.27.1", False, "0.21-0.27"),
         (["logits_cache", "logits_cache_col", "use_fp64"], "0.28.0", False, "0.28"),
         (["is_drafting", "logits_cache", "logits_cache_col", "use_fp64", "logits_cache_source"], "0.33.0", False, "0.29+"),
@@ -309,6 +311,7 @@ def test_each_release_binds_its_era(extra, version, legacy, era):
         (["is_drafting", "logits_cache", "logits_cache_col"], "0.28.0", False),  # the salt before #54282
         (["logits_cache", "logits_cache_col"], "0.29.0", False),  # #54282's release without is_drafting
         (["processed_logits_out"], None, False),  # 0.19's drafter with 0.22+'s verifier
+        (["logits_cache", "logits_cache_col"], "0.28.0", True),  # a raw cache with a function per method
         (["processed_logits_out", "logits_cache", "logits_cache_col"], None, False),
     ],
 )

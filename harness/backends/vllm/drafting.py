@@ -49,25 +49,24 @@ class Era:
     raw: bool  # the cache holds raw logits in their dtype (else logits / T in fp32)
     is_drafting: bool  # takes is_drafting (True from the drafter)
     greedy: bool  # the release has draft_sample_method "greedy" (argmax drafts, no draft logits)
-    legacy_verifier: bool  # pairs with 0.19's verifier (mrv2._LegacyApi), else rejection_sample
+    cache_for_standard_only: bool  # keeps a cache only when verifying probabilistically (else whenever drafting so)
+    per_method: tuple[bool, ...]  # pairs with a function per method (mrv2._PerMethodApi, 0.19-0.21), rejection_sample (0.22+), or either
 
 
+_RAW, _DIVIDED = ("logits_cache", "logits_cache_col"), ("output_processed_logits", "output_processed_logits_col")
 ERAS = (
-    Era("0.19-0.20", ("processed_logits_out",), raw=False, is_drafting=False, greedy=False, legacy_verifier=True),
     Era(
-        "0.21-0.27",
-        ("output_processed_logits", "output_processed_logits_col"),
-        raw=False,
-        is_drafting=False,
-        greedy=True,
-        legacy_verifier=False,
+        "0.19-0.20", ("processed_logits_out",), raw=False, is_drafting=False, greedy=False, cache_for_standard_only=True, per_method=(True,)
     ),
-    Era("0.28", ("logits_cache", "logits_cache_col"), raw=True, is_drafting=False, greedy=True, legacy_verifier=False),
-    Era("0.29+", ("logits_cache", "logits_cache_col"), raw=True, is_drafting=True, greedy=True, legacy_verifier=False),
+    Era(
+        "0.21-0.27", _DIVIDED, raw=False, is_drafting=False, greedy=True, cache_for_standard_only=False, per_method=(True, False)
+    ),  # 0.21: per method
+    Era("0.28", _RAW, raw=True, is_drafting=False, greedy=True, cache_for_standard_only=False, per_method=(False,)),
+    Era("0.29+", _RAW, raw=True, is_drafting=True, greedy=True, cache_for_standard_only=False, per_method=(False,)),
 )
 
 
-def bind_era(params, version, legacy_verifier: bool) -> Era:
+def bind_era(params, version, per_method: bool) -> Era:
     """The era whose parameters ``gumbel_sample`` has; api-drift when none, or when the
     release or the verifier found says another."""
     found = [
@@ -86,8 +85,8 @@ def bind_era(params, version, legacy_verifier: bool) -> Era:
             f"vLLM {version} is {'at or after' if salted else 'before'} {DRAFT_NOISE_SALT.first_with} "
             f"({DRAFT_NOISE_SALT.what}), but its gumbel_sample has the {era.releases} parameters"
         )
-    if era.legacy_verifier != legacy_verifier:
-        verifier = "0.19's rejection_sampler" if legacy_verifier else "rejection_sampler_utils.rejection_sample"
+    if per_method not in era.per_method:
+        verifier = "0.19-0.21's function per method" if per_method else "rejection_sampler_utils.rejection_sample"
         raise vllm_env.api_changed(f"a {era.releases} gumbel_sample with {verifier} is no known release")
     return era
 
@@ -96,7 +95,7 @@ def _discover(api):
     gumbel = vllm_env.import_vllm(_GUMBEL)
     vllm_env.require_parameters(gumbel.gumbel_sample, _DRAW_ARGS, f"{_GUMBEL}.gumbel_sample")
     params = vllm_env.parameters(gumbel.gumbel_sample)
-    return gumbel, bind_era(params, vllm_env.version(), isinstance(api, mrv2._LegacyApi))
+    return gumbel, bind_era(params, vllm_env.version(), isinstance(api, mrv2._PerMethodApi))
 
 
 def availability() -> tuple[bool, str]:
@@ -160,8 +159,8 @@ class VllmMrv2DrafterBackend(mrv2.VllmMrv2Backend):
         rows = torch.full((num_drafts, width), float("-inf"), dtype=dtype, device=self.device)
         rows[:, : logits.shape[1]] = logits.to(dtype)
         cache = None
-        # 0.19 keeps a cache only for probabilistic verification; 0.21+ whenever drafting probabilistically.
-        if not self.era.legacy_verifier or mrv2._single_method(batch) is Method.STANDARD:
+        # 0.19-0.20 keep a cache only for probabilistic verification; 0.21+ whenever drafting probabilistically.
+        if not self.era.cache_for_standard_only or mrv2._single_method(batch) is Method.STANDARD:
             cache_dtype = dtype if self.era.raw else torch.float32
             cache = torch.full((lay.num_slots, lay.k, width), float("nan"), dtype=cache_dtype, device=self.device)
         verifying_row = torch.arange(num_drafts, device=self.device) + lay.owner_of_draft

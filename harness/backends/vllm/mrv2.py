@@ -6,12 +6,13 @@ contract (``docs/adapter-contracts.md``), never from running them:
 * 0.22 .. 0.33 API: ``vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils.
   rejection_sample``: standard (with draft logits or one-hot), greedy (T = 0), synthetic
   (``synthetic_conditional_rates``) and block (``use_block_verification``, from 0.25);
-* 0.19 API: ``rejection_sampler.strict_rejection_sample`` / ``probabilistic_rejection_sample``
-  and ``synthetic_rejection_sampler_utils.synthetic_rejection_sample(base_acceptance_rate,
-  decay_factor)``; their target tokens come from vLLM's own ``gumbel_sample``, as the
-  engine's sampler would produce them;
-* 0.20 .. 0.21 (``probabilistic_rejection_sampler_utils``) and anything else: the
-  api-drift error ("vLLM API changed").
+* 0.19 to 0.21 APIs, a function per method: ``probabilistic_rejection_sample`` (0.19:
+  ``rejection_sampler``; 0.20-0.21: ``probabilistic_rejection_sampler_utils``, draft logits
+  optional from 0.21), ``rejection_sampler.strict_rejection_sample`` (0.19-0.20) and
+  ``synthetic_rejection_sampler_utils.synthetic_rejection_sample`` (0.19: ``(base_acceptance_rate,
+  decay_factor)``; 0.20-0.21: conditional ``acceptance_rates``); strict and synthetic target
+  tokens come from vLLM's own ``gumbel_sample``, as the engine's sampler would produce them;
+* anything else: the api-drift error ("vLLM API changed").
 
 Translation of a ``VerifyBatch`` (vLLM's production layout, see the vLLM notes):
 
@@ -25,8 +26,8 @@ Translation of a ``VerifyBatch`` (vLLM's production layout, see the vLLM notes):
   every release) and, with top-k / top-p / min-p, processed further by vLLM's own functions
   as ``Sampler.apply_sampling_params`` runs them on every logits row: min-p
   (``sample/min_p.py::apply_min_p``), then ``apply_top_k_top_p`` (the CPU: its sort path;
-  see ``harness.backends.vllm.processing``). 0.19's strict and synthetic target tokens are
-  then ``gumbel_sample(processed, apply_temperature=False)``, as its ``Sampler.sample``;
+  see ``harness.backends.vllm.processing``). 0.19-0.21's strict and synthetic target
+  tokens are then ``gumbel_sample(processed, apply_temperature=False)``, as its ``Sampler.sample``;
 * draft logits go into the ``[max_num_reqs, K, V_draft]`` cache as the release's drafter
   writes it: raw, in the logits' dtype, from 0.28.0 (#50910: the kernels divide on load),
   divided by T in fp32 up to 0.27.1. The release says which (``DRAFT_LOGITS_RAW``), and so
@@ -46,6 +47,8 @@ gives mass to the missing ids (vLLM MRV2 then truncates the target to the draft'
 documented convention; see ``reference``), and a law following other top-k/top-p tie rules
 (``batch.processing``) than the call will use.
 """
+
+import inspect
 
 import numpy as np
 from packaging.version import Version
@@ -67,9 +70,10 @@ _CORE_ARGS = [
     "target_logits", "draft_logits", "draft_sampled", "cu_num_logits", "pos", "idx_mapping",
     "expanded_idx_mapping", "expanded_local_pos", "temperature", "seed", "num_speculative_steps",
 ]  # fmt: skip
-_SYNTHETIC_019_ARGS = [
-    "target_sampled", "draft_sampled", "cu_num_logits", "pos", "idx_mapping", "seed", "base_acceptance_rate", "decay_factor",
-]  # fmt: skip
+_SYNTHETIC_ARGS = {  # synthetic_rejection_sample's rate arguments: 0.19's (a0, gamma), 0.20-0.21's conditional rates
+    "geometric": ["target_sampled", "draft_sampled", "cu_num_logits", "pos", "idx_mapping", "seed", "base_acceptance_rate", "decay_factor"],
+    "conditional": ["target_sampled", "draft_sampled", "cu_num_logits", "pos", "idx_mapping", "seed", "acceptance_rates"],
+}
 # gumbel_sample's draft-cache argument names what the drafter caches: True raw, False divided by T.
 _DRAFT_CACHE_ARGS = {"logits_cache": True, "output_processed_logits": False, "processed_logits_out": False}
 
@@ -124,28 +128,49 @@ def _discover():
         raw = draft_logits_raw(version, gumbel_params)
         vllm_env.triton_ready()
         return _CurrentApi(utils.rejection_sample, version, raw, TRUNCATES_TARGET.holds(version), processing.Processor(version, True))
-    if _optional_module(_PROBABILISTIC_020) is not None:
-        raise vllm_env.api_changed(
-            f"{_PROBABILISTIC_020} is vLLM 0.20-0.21's MRV2 API, which this adapter does not bind "
-            f"(it binds {_UTILS}.rejection_sample, 0.22-0.33, and 0.19's {_LEGACY})"
-        )
+    probabilistic_020 = _optional_module(_PROBABILISTIC_020)
     legacy = _optional_module(_LEGACY)
-    if legacy is not None and hasattr(legacy, "probabilistic_rejection_sample") and hasattr(legacy, "strict_rejection_sample"):
-        synthetic = _optional_module(_LEGACY_SYNTHETIC)
-        vllm_env.require_parameters(legacy.probabilistic_rejection_sample, _CORE_ARGS, f"{_LEGACY}.probabilistic_rejection_sample")
-        vllm_env.require_parameters(gumbel.gumbel_sample, ["logits", "apply_temperature"], f"{_GUMBEL}.gumbel_sample")
-        if synthetic is not None:
-            vllm_env.require_parameters(
-                synthetic.synthetic_rejection_sample, _SYNTHETIC_019_ARGS, f"{_LEGACY_SYNTHETIC}.synthetic_rejection_sample"
-            )
-        if draft_logits_raw(version, gumbel_params):
-            raise vllm_env.api_changed(f"vLLM {version}'s 0.19-style MRV2 API with a raw draft-logits cache is no known contract")
-        vllm_env.triton_ready()
-        return _LegacyApi(legacy, synthetic, gumbel.gumbel_sample, processing.Processor(version, True))
+    if probabilistic_020 is not None or (legacy is not None and hasattr(legacy, "strict_rejection_sample")):
+        return _per_method_api(version, gumbel, gumbel_params, legacy, probabilistic_020)
     raise vllm_env.api_changed(
-        f"no MRV2 rejection sampler found: neither {_UTILS}.rejection_sample (0.22-0.33) "
+        f"no MRV2 rejection sampler found: neither {_UTILS}.rejection_sample (0.22-0.33), "
+        f"{_PROBABILISTIC_020}.probabilistic_rejection_sample (0.20-0.21) "
         f"nor {_LEGACY}.strict_rejection_sample/probabilistic_rejection_sample (0.19)"
     )
+
+
+def _per_method_api(version, gumbel, gumbel_params, legacy, probabilistic_020) -> "_PerMethodApi":
+    """0.19 to 0.21: a function per method. 0.19.1: strict and probabilistic in
+    ``rejection_sampler``, synthetic ``(base_acceptance_rate, decay_factor)``; 0.20.x:
+    probabilistic in ``probabilistic_rejection_sampler_utils`` (draft logits required), strict
+    in ``rejection_sampler``, synthetic ``acceptance_rates`` (conditional, one per step);
+    0.21.0: the same without strict, and draft logits optional (one-hot drafts when None)."""
+    module, where = (probabilistic_020, _PROBABILISTIC_020) if probabilistic_020 is not None else (legacy, _LEGACY)
+    if not hasattr(module, "probabilistic_rejection_sample"):
+        raise vllm_env.api_changed(f"{where} has no probabilistic_rejection_sample")
+    probabilistic = module.probabilistic_rejection_sample
+    vllm_env.require_parameters(probabilistic, _CORE_ARGS, f"{where}.probabilistic_rejection_sample")
+    vllm_env.require_parameters(gumbel.gumbel_sample, ["logits", "apply_temperature"], f"{_GUMBEL}.gumbel_sample")
+    strict = getattr(legacy, "strict_rejection_sample", None) if legacy is not None else None
+    synthetic = _optional_module(_LEGACY_SYNTHETIC)
+    rates = None
+    if synthetic is not None:
+        params = vllm_env.parameters(synthetic.synthetic_rejection_sample)
+        forms = [form for form, args in _SYNTHETIC_ARGS.items() if all(a in params for a in args)]
+        if len(forms) != 1:
+            raise vllm_env.api_changed(
+                f"{_LEGACY_SYNTHETIC}.synthetic_rejection_sample takes {list(params)}: neither 0.19's "
+                f"{_SYNTHETIC_ARGS['geometric']} nor 0.20-0.21's {_SYNTHETIC_ARGS['conditional']}"
+            )
+        rates = forms[0]
+    if draft_logits_raw(version, gumbel_params):
+        raise vllm_env.api_changed(f"vLLM {version}'s 0.19-0.21 MRV2 API with a raw draft-logits cache is no known contract")
+    # 0.21.0 declares draft_logits optional ("torch.Tensor | None"): one-hot drafts when None.
+    optional = "None" in str(inspect.signature(probabilistic).parameters["draft_logits"].annotation)
+    vllm_env.triton_ready()
+    api = _PerMethodApi(probabilistic, strict, synthetic, rates, optional, gumbel.gumbel_sample, processing.Processor(version, True))
+    api.description = f"{where}.probabilistic_rejection_sample{' + strict' if strict else ''}{' + synthetic' if synthetic else ''} (vLLM {version or 'of undeclared version'}: draft logits divided by T)"
+    return api
 
 
 def availability() -> tuple[bool, str]:
@@ -395,12 +420,18 @@ class _CurrentApi:
         return lay.outputs(sampled, num_sampled)
 
 
-# --- 0.19 API ---------------------------------------------------------------------------------
-class _LegacyApi:
-    description = f"{_LEGACY}.strict/probabilistic_rejection_sample + synthetic_rejection_sample (0.19)"
+# --- 0.19 to 0.21 APIs: a function per method -------------------------------------------------
+class _PerMethodApi:
+    """Strict (0.19-0.20), probabilistic, synthetic; target tokens for strict and synthetic come
+    from the engine's sampler: ``Sampler.sample`` runs ``apply_sampling_params`` (temperature,
+    min-p, top-k/top-p) and then ``gumbel_sample(processed, apply_temperature=False)``."""
 
-    def __init__(self, legacy, synthetic, gumbel_sample, processor=None):
-        self.legacy, self.synthetic, self.gumbel_sample = legacy, synthetic, gumbel_sample
+    description = ""
+
+    def __init__(self, probabilistic, strict, synthetic, rates, optional_draft, gumbel_sample, processor=None):
+        self.probabilistic, self.strict, self.synthetic, self.gumbel_sample = probabilistic, strict, synthetic, gumbel_sample
+        self.rates = rates  # "geometric" (0.19: one base rate and decay) or "conditional" (0.20-0.21: a rate per step)
+        self.optional_draft = optional_draft  # probabilistic_rejection_sample takes draft_logits=None (one-hot drafts)
         self.processor = processor
         self.use_fp64 = False
         self.memo = LogitsMemo()
@@ -410,22 +441,26 @@ class _LegacyApi:
         if method is None:
             return "mixes verification methods in one batch (vLLM MRV2 verifies a batch with one method)"
         if method is Method.BLOCK:
-            return "vLLM 0.19 MRV2 has no block verification"
+            return "vLLM MRV2 before 0.25 has no block verification"
+        if method is Method.STRICT and self.strict is None:
+            return "vLLM MRV2 has no strict verification since 0.21 (0.19-0.20 had strict_rejection_sample)"
         drafts = host(batch.draft_tokens)
         sampled_rows = host(batch.temperature)[np.repeat(np.arange(batch.num_requests), np.diff(host(batch.cu_num_drafts)))] > 0
         has_placeholder = bool((drafts[sampled_rows] < 0).any())
         if method is Method.STANDARD:
-            if batch.draft_logits is None:
-                return "vLLM 0.19 probabilistic_rejection_sample needs draft logits"
+            if batch.draft_logits is None and not self.optional_draft:
+                return "this vLLM's probabilistic_rejection_sample needs draft logits (draft_logits=None from 0.21)"
             if has_placeholder:
-                return "vLLM 0.19 probabilistic_rejection_sample indexes with a -1 placeholder draft (no placeholder handling)"
+                return "vLLM MRV2 before 0.22 indexes with a -1 placeholder draft (no placeholder handling)"
         if method is Method.SYNTHETIC:
             if self.synthetic is None:
                 return "this vLLM has no synthetic_rejection_sample"
-            if _geometric(batch) is None:
+            if self.rates == "geometric" and _geometric(batch) is None:
                 return "synthetic rates are not a0 * gamma**i for every request (vLLM 0.19 takes one base rate and decay)"
+            if self.rates == "conditional" and _uniform_rates(batch) is None:
+                return "per-request synthetic rates (vLLM MRV2 takes one rate vector per batch)"
             if (drafts < 0).any():
-                return "vLLM 0.19 synthetic_rejection_sample can accept a -1 placeholder (no placeholder handling)"
+                return "vLLM MRV2 before 0.22 synthetic_rejection_sample can accept a -1 placeholder (no placeholder handling)"
         return _processing_reason(self, batch, device)
 
     def sample(self, batch, device: str):
@@ -435,28 +470,30 @@ class _LegacyApi:
         method = _single_method(batch)
         params = processing.request_params(batch)
         with torch.no_grad():
+            target = lay.processed_target(params, _processor(self))
             if method is Method.STANDARD:
-                draft = lay.draft_cache(batch, divide=True, width=batch.vocab_size)  # 0.19 caches post-temperature logits
-                if draft is None:  # no drafts at all: the function still needs a cache
+                draft = lay.draft_cache(batch, divide=True, width=batch.vocab_size)  # post-temperature logits, target's width
+                if draft is None and not self.optional_draft:  # no drafts at all: the function still needs a cache
                     draft = torch.zeros((lay.num_slots, max(lay.k, 1), batch.vocab_size), device=device)
-                sampled, num_sampled = self.legacy.probabilistic_rejection_sample(
-                    lay.processed_target(params, _processor(self)), draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
+                sampled, num_sampled = self.probabilistic(
+                    target, draft, lay.draft_sampled, lay.cu_num_logits, lay.pos,
                     lay.idx_mapping, lay.expanded_idx_mapping, lay.expanded_local_pos, lay.temperature, lay.seed, lay.k,
                 )  # fmt: skip
             else:
-                # The engine's sampler draws the target tokens: temperature in-kernel, or (sampling
-                # parameters) from apply_sampling_params' output without it, as Sampler.sample.
-                processed = params is not None
                 target_sampled = self.gumbel_sample(
-                    lay.processed_target(params, _processor(self)) if processed else lay.target_logits(processed=False),
-                    lay.expanded_idx_mapping, lay.temperature, lay.seed, lay.pos, apply_temperature=not processed,
-                )  # fmt: skip
+                    target, lay.expanded_idx_mapping, lay.temperature, lay.seed, lay.pos, apply_temperature=False
+                )
                 if method is Method.STRICT:
-                    sampled, num_sampled = self.legacy.strict_rejection_sample(target_sampled, lay.draft_sampled, lay.cu_num_logits, lay.k)
-                else:
+                    sampled, num_sampled = self.strict(target_sampled, lay.draft_sampled, lay.cu_num_logits, lay.k)
+                elif self.rates == "geometric":
                     base, decay = _geometric(batch)
                     sampled, num_sampled = self.synthetic.synthetic_rejection_sample(
                         target_sampled, lay.draft_sampled, lay.cu_num_logits, lay.pos, lay.idx_mapping, lay.seed, base, decay, lay.k
+                    )
+                else:
+                    rates = torch.tensor(_uniform_rates(batch), dtype=torch.float32, device=device)
+                    sampled, num_sampled = self.synthetic.synthetic_rejection_sample(
+                        target_sampled, lay.draft_sampled, lay.cu_num_logits, lay.pos, lay.idx_mapping, lay.seed, rates, lay.k
                     )
         return lay.outputs(sampled, num_sampled.to(torch.int32))
 
