@@ -8,12 +8,19 @@ the vLLM installed in the environment), run the vLLM backends through
 not fail on it alone); 2 a usage or setup error.
 
     python scripts/nightly.py --profile gpu --device cuda --history reports/history.sqlite \\
-        --target main=vendor/vllm-main --target release=installed --out reports/nightly
+        --start-from docs/data/vllm-releases.sqlite \\
+        --target main=vendor/vllm-main --target 0.33.0=vendor/vllm-0.33.0 --out reports/nightly
+
+Each target is one run in the history, its ``vllm_version`` the tree's release, so the drift
+page's release matrix gains a column per new release (a main build shares the "main" column).
+``--start-from``: a history to copy when ``--history`` does not exist yet (the committed
+release sweep, ``scripts/vllm_releases.py``), so the nightly runs extend it.
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -57,6 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--history", default="reports/history.sqlite")
+    ap.add_argument("--start-from", help="a history to copy to --history when that does not exist yet")
     ap.add_argument("--out", default="reports/nightly")
     ap.add_argument("--backend", action="append", help="backends to verify (default: vllm-mrv2 and vllm-v1)")
     ap.add_argument("--scenario", action="append", help="restrict to these scenarios (default: the whole catalog)")
@@ -68,6 +76,12 @@ def main(argv=None) -> int:
             print(f"error: --target: expected LABEL=PATH or LABEL=installed, got {t!r}", file=sys.stderr)
             return 2
         targets.append((label, source))
+    if args.start_from and not os.path.exists(args.history):
+        if not os.path.isfile(args.start_from):
+            print(f"error: --start-from {args.start_from}: no such file", file=sys.stderr)
+            return 2
+        os.makedirs(os.path.dirname(os.path.abspath(args.history)), exist_ok=True)
+        shutil.copyfile(args.start_from, args.history)
     summary = [run_target(label, source, args) for label, source in targets]
     drift_page = os.path.join(args.out, "drift.html")
     subprocess.run([sys.executable, "-m", "harness", "report", "--history", args.history, "--out", drift_page], cwd=ROOT, check=True)

@@ -37,7 +37,7 @@ from harness.evidence.history import HistoryError, append_run, read_run_document
 
 RELEASES = (
     "0.19.1", "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0",
-    "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+    "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
 )  # fmt: skip
 IMPLEMENTATIONS = {"v1": "vllm-v1", "mrv2": "vllm-mrv2"}
 

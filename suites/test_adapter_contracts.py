@@ -290,6 +290,14 @@ def test_mrv2_0210_kernel_dividing_again_fails():
     _assert_law_fails(_in_tree("0.21.0", MRV2, "mrv2-020-draft-divided-twice"))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.19.1", "0.20.2", "0.24.0"])
+def test_v1_feeds_its_contract_in_every_era(version):
+    """V1's rejection_sample in its three signature eras: 0.19 (no synthetic mode), 0.20-0.22
+    (synthetic_mode, synthetic_conditional_rates), 0.23 on (use_fp64_gumbel; 0.33 adds FLy)."""
+    _assert_passes(_in_tree(version, V1))
+
+
 # --- api-drift: a signature no contract matches -------------------------------------------------
 def _load_errors(backend: str) -> list:
     records = run([backend], [CONTRACT_SCENARIO], CONTRACT_PROFILE, 0).records

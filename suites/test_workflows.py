@@ -50,6 +50,20 @@ def test_nightly_plumbing_and_exit_codes(tmp_path):
     assert nightly(tmp_path, "--target", "nolabel").returncode == 2
 
 
+def test_nightly_extends_the_release_history(tmp_path):
+    """--start-from seeds a missing history (the committed release sweep), which the run extends."""
+    from harness.evidence.history import load
+
+    scen = ["--scenario", "greedy-ties", "--backend", "reference"]
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    assert nightly(seed, "--target", "0.33.0=installed", *scen).returncode == 0
+    assert nightly(tmp_path, "--target", "main=installed", "--start-from", str(tmp_path / "absent.sqlite"), *scen).returncode == 2
+    assert nightly(tmp_path, "--target", "main=installed", "--start-from", str(seed / "h.sqlite"), *scen).returncode == 0
+    assert [r["label"] for r in load(str(tmp_path / "h.sqlite"))[0]] == ["0.33.0", "main"]
+    assert [r["label"] for r in load(str(seed / "h.sqlite"))[0]] == ["0.33.0"]  # the seed is copied, not written
+
+
 def test_nightly_against_a_pinned_release_and_a_source_tree(tmp_path):
     """What the nightly workflow runs, end to end on the CPU: vLLM MRV2 from the installed
     release and from a python-only source tree, history, drift page."""

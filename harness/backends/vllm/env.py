@@ -164,6 +164,17 @@ def import_vllm(module: str):
         raise ImportError(f"cannot import {module}: {e}; {INSTALL_HINT}") from e
 
 
+def optional_module(name: str):
+    """The module, or None when this vLLM has no such module (other import errors raise)."""
+    try:
+        return import_vllm(name)
+    except ImportError as e:
+        cause = e.__cause__
+        if isinstance(cause, ModuleNotFoundError) and cause.name and name.startswith(cause.name):
+            return None
+        raise
+
+
 def api_changed(what: str) -> RuntimeError:
     return RuntimeError(f"vLLM API changed: {what}")
 

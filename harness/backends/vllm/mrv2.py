@@ -106,30 +106,19 @@ def draft_logits_raw(version: Version | None, gumbel_params) -> bool:
     return raw
 
 
-def _optional_module(name: str):
-    """The module, or None when this vLLM has no such module (other import errors raise)."""
-    try:
-        return vllm_env.import_vllm(name)
-    except ImportError as e:
-        cause = e.__cause__
-        if isinstance(cause, ModuleNotFoundError) and cause.name and name.startswith(cause.name):
-            return None
-        raise
-
-
 def _discover():
     vllm_env.import_vllm("vllm")
     version = vllm_env.version()
     gumbel = vllm_env.import_vllm(_GUMBEL)
     gumbel_params = vllm_env.parameters(gumbel.gumbel_sample)
-    utils = _optional_module(_UTILS)
+    utils = vllm_env.optional_module(_UTILS)
     if utils is not None and hasattr(utils, "rejection_sample"):
         vllm_env.require_parameters(utils.rejection_sample, _CORE_ARGS, f"{_UTILS}.rejection_sample")
         raw = draft_logits_raw(version, gumbel_params)
         vllm_env.triton_ready()
         return _CurrentApi(utils.rejection_sample, version, raw, TRUNCATES_TARGET.holds(version), processing.Processor(version, True))
-    probabilistic_020 = _optional_module(_PROBABILISTIC_020)
-    legacy = _optional_module(_LEGACY)
+    probabilistic_020 = vllm_env.optional_module(_PROBABILISTIC_020)
+    legacy = vllm_env.optional_module(_LEGACY)
     if probabilistic_020 is not None or (legacy is not None and hasattr(legacy, "strict_rejection_sample")):
         return _per_method_api(version, gumbel, gumbel_params, legacy, probabilistic_020)
     raise vllm_env.api_changed(
@@ -152,7 +141,7 @@ def _per_method_api(version, gumbel, gumbel_params, legacy, probabilistic_020) -
     vllm_env.require_parameters(probabilistic, _CORE_ARGS, f"{where}.probabilistic_rejection_sample")
     vllm_env.require_parameters(gumbel.gumbel_sample, ["logits", "apply_temperature"], f"{_GUMBEL}.gumbel_sample")
     strict = getattr(legacy, "strict_rejection_sample", None) if legacy is not None else None
-    synthetic = _optional_module(_LEGACY_SYNTHETIC)
+    synthetic = vllm_env.optional_module(_LEGACY_SYNTHETIC)
     rates = None
     if synthetic is not None:
         params = vllm_env.parameters(synthetic.synthetic_rejection_sample)

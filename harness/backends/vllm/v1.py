@@ -67,7 +67,9 @@ _CONSTANTS = {"GREEDY_TEMPERATURE": 0, "PLACEHOLDER_TOKEN_ID": -1}  # the values
 
 def _discover():
     vllm_env.import_vllm("vllm")
-    module = vllm_env.import_vllm(_MODULE)
+    module = vllm_env.optional_module(_MODULE)
+    if module is None:  # 0.34.0 ships Model Runner V2's sampler alone
+        raise vllm_env.api_changed(f"vLLM {vllm_env.version()} has no V1 rejection sampler ({_MODULE})")
     fn = getattr(module, "rejection_sample", None)
     if fn is None:
         raise vllm_env.api_changed(f"{_MODULE} has no rejection_sample")
