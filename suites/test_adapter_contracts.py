@@ -16,10 +16,11 @@ the reference on none.
 
 Releases other than the installed one run in a subprocess from python-only trees (one vLLM
 per process): ``vendor/vllm-X`` or ``SPECDEC_VLLM_TREES``, built by ``python
-scripts/vllm_releases.py prepare --releases 0.19.1,0.20.2,0.21.0,0.24.0,0.27.1`` (one tree per MRV2
-API era); their tests skip, saying so, without them.
+scripts/vllm_releases.py prepare --releases 0.19.1,0.20.2,0.21.0,0.24.0,0.27.1,0.34.0`` (one tree
+per API era); their tests skip, saying so, without them.
 """
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -73,6 +74,20 @@ def _mrv2_draft_scaled(power: int):
     return change
 
 
+def _mrv2_0340_draft_scaled(power: int):
+    """0.34.0's draft logits come in a DraftLogitsCache: scale its values as ``_mrv2_draft_scaled``."""
+
+    def change(a):
+        cache = a["draft_logits_cache"]
+        if cache is not None:
+            t = _per_slot(a["temperature"]).to(cache.values.dtype)
+            scaled = copy.copy(cache)
+            scaled.values = cache.values * t[:, None, None] ** power
+            a["draft_logits_cache"] = scaled
+
+    return change
+
+
 def _mrv2_target_divided_again(a):
     t = _per_slot(a["temperature"])[a["expanded_idx_mapping"].long()]
     a["target_logits"] = a["target_logits"] / t[:, None]
@@ -101,6 +116,7 @@ CHANGES = {
     "mrv2-target-divided-again": (MRV2_UTILS, "rejection_sample", _mrv2_target_divided_again),
     "mrv2-019-draft-divided-twice": (MRV2_019, "probabilistic_rejection_sample", _mrv2_draft_scaled(-1)),
     "mrv2-020-draft-divided-twice": (MRV2_020, "probabilistic_rejection_sample", _mrv2_draft_scaled(-1)),
+    "mrv2-0340-draft-not-divided": (MRV2_UTILS, "rejection_sample", _mrv2_0340_draft_scaled(1)),
     "v1-target-divided-again": (V1_MODULE, "rejection_sample", _v1_target_divided_again),
     "v1-draft-probs-tempered-again": (V1_MODULE, "rejection_sample", _v1_draft_probs_tempered_again),
 }
@@ -288,6 +304,20 @@ def test_mrv2_0210_kernel_dividing_again_fails():
     """0.21 (no strict, draft logits optional) takes divided draft logits too: a kernel that
     divides them again (0.28.0's contract) fed by a 0.21 adapter must fail."""
     _assert_law_fails(_in_tree("0.21.0", MRV2, "mrv2-020-draft-divided-twice"))
+
+
+@pytest.mark.slow
+def test_mrv2_0340_feeds_raw_draft_logits_in_a_cache_object():
+    """0.34.0 takes the draft logits as a DraftLogitsCache (draft_logits_cache): the replicated
+    cache of a one-rank engine, raw logits the kernels divide on load, as from 0.28.0."""
+    out = _in_tree("0.34.0", MRV2)
+    assert "0.34.0: raw draft logits" in out["api"], out
+    _assert_passes(out)
+
+
+@pytest.mark.slow
+def test_mrv2_0340_kernel_not_dividing_fails():
+    _assert_law_fails(_in_tree("0.34.0", MRV2, "mrv2-0340-draft-not-divided"))
 
 
 @pytest.mark.slow

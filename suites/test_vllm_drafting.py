@@ -295,6 +295,12 @@ _BASE = ["logits", "expanded_idx_mapping", "temperature", "seed", "pos", "apply_
         (["output_processed_logits", "output_processed_logits_col", "use_fp64"], "0.27.1", False, "0.21-0.27"),
         (["logits_cache", "logits_cache_col", "use_fp64"], "0.28.0", False, "0.28"),
         (["is_drafting", "logits_cache", "logits_cache_col", "use_fp64", "logits_cache_source"], "0.33.0", False, "0.29+"),
+        (
+            ["is_drafting", "logits_cache", "logits_cache_col", "use_fp64", "logits_cache_source", "logits_cache_row_mapping", "bias"],
+            "0.34.0",
+            False,
+            "0.29+",
+        ),
     ],
 )
 def test_each_release_binds_its_era(extra, version, legacy, era):

@@ -66,6 +66,7 @@ _LEGACY = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
 _LEGACY_SYNTHETIC = "vllm.v1.worker.gpu.spec_decode.synthetic_rejection_sampler_utils"
 _GUMBEL = "vllm.v1.worker.gpu.sample.gumbel"
 _PROBABILISTIC_020 = "vllm.v1.worker.gpu.spec_decode.probabilistic_rejection_sampler_utils"
+_DRAFT_LOGITS_CACHE = "vllm.v1.worker.gpu.spec_decode.draft_logits"
 _CORE_ARGS = [
     "target_logits", "draft_logits", "draft_sampled", "cu_num_logits", "pos", "idx_mapping",
     "expanded_idx_mapping", "expanded_local_pos", "temperature", "seed", "num_speculative_steps",
@@ -113,10 +114,16 @@ def _discover():
     gumbel_params = vllm_env.parameters(gumbel.gumbel_sample)
     utils = vllm_env.optional_module(_UTILS)
     if utils is not None and hasattr(utils, "rejection_sample"):
-        vllm_env.require_parameters(utils.rejection_sample, _CORE_ARGS, f"{_UTILS}.rejection_sample")
+        # 0.34.0 passes the draft logits as a DraftLogitsCache object (draft_logits_cache).
+        wrap = "draft_logits_cache" in vllm_env.parameters(utils.rejection_sample)
+        core = [("draft_logits_cache" if a == "draft_logits" and wrap else a) for a in _CORE_ARGS]
+        vllm_env.require_parameters(utils.rejection_sample, core, f"{_UTILS}.rejection_sample")
         raw = draft_logits_raw(version, gumbel_params)
+        cache_class = _draft_logits_cache_class() if wrap else None
         vllm_env.triton_ready()
-        return _CurrentApi(utils.rejection_sample, version, raw, TRUNCATES_TARGET.holds(version), processing.Processor(version, True))
+        api = _CurrentApi(utils.rejection_sample, version, raw, TRUNCATES_TARGET.holds(version), processing.Processor(version, True))
+        api.cache_class = cache_class
+        return api
     probabilistic_020 = vllm_env.optional_module(_PROBABILISTIC_020)
     legacy = vllm_env.optional_module(_LEGACY)
     if probabilistic_020 is not None or (legacy is not None and hasattr(legacy, "strict_rejection_sample")):
@@ -126,6 +133,25 @@ def _discover():
         f"{_PROBABILISTIC_020}.probabilistic_rejection_sample (0.20-0.21) "
         f"nor {_LEGACY}.strict_rejection_sample/probabilistic_rejection_sample (0.19)"
     )
+
+
+def _draft_logits_cache_class():
+    """0.34.0's ``DraftLogitsCache``: its replicated form (every request at row req_state_idx,
+    ``row_mapping`` None) is the one-rank engine's; ``rejection_sample`` reads ``.values`` and
+    ``.row_mapping``."""
+    module = vllm_env.optional_module(_DRAFT_LOGITS_CACHE)
+    cls = getattr(module, "DraftLogitsCache", None)
+    if cls is None:
+        raise vllm_env.api_changed(f"rejection_sample takes draft_logits_cache but {_DRAFT_LOGITS_CACHE}.DraftLogitsCache is missing")
+    return cls
+
+
+def _replicated_cache(cls, values):
+    """A ``DraftLogitsCache`` holding ``values`` as the replicated cache its __init__ builds
+    without sharding (``row_mapping`` None), without allocating a second cache."""
+    cache = cls.__new__(cls)
+    cache.values, cache.row_mapping = values, None
+    return cache
 
 
 def _per_method_api(version, gumbel, gumbel_params, legacy, probabilistic_020) -> "_PerMethodApi":
@@ -353,6 +379,7 @@ class _CurrentApi:
         self.draft_raw = draft_raw  # the cache holds raw logits, the kernels divide (DRAFT_LOGITS_RAW)
         self.truncates = truncates  # the kernels cut the target to the cache's width; None: unknown (TRUNCATES_TARGET)
         self.use_fp64 = False
+        self.cache_class = None  # 0.34.0: the draft cache goes in a DraftLogitsCache
         self.memo = LogitsMemo()  # logits-derived tensors, reused across a device batch's chunks
         cache = "raw draft logits, divided by T in the kernels" if draft_raw else "draft logits divided by T"
         self.description = f"{_UTILS}.rejection_sample (vLLM {version or 'of undeclared version'}: {cache})"
@@ -399,6 +426,8 @@ class _CurrentApi:
             # Before the cut to the cache's width, the kernels read the cache at the target's width.
             width = None if self.truncates else batch.vocab_size
             draft = lay.draft_cache(batch, divide=not self.draft_raw, width=width)
+            if self.cache_class is not None and draft is not None:
+                draft = _replicated_cache(self.cache_class, draft)
         with torch.no_grad():
             target = lay.processed_target(params, _processor(self))
             sampled, num_sampled = self.fn(
