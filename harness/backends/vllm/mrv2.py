@@ -462,14 +462,10 @@ class _PerMethodApi:
             return "vLLM MRV2 before 0.25 has no block verification"
         if method is Method.STRICT and self.strict is None:
             return "vLLM MRV2 has no strict verification since 0.21 (0.19-0.20 had strict_rejection_sample)"
-        drafts = host(batch.draft_tokens)
-        sampled_rows = host(batch.temperature)[np.repeat(np.arange(batch.num_requests), np.diff(host(batch.cu_num_drafts)))] > 0
-        has_placeholder = bool((drafts[sampled_rows] < 0).any())
-        if method is Method.STANDARD:
-            if batch.draft_logits is None and not self.optional_draft:
-                return "this vLLM's probabilistic_rejection_sample needs draft logits (draft_logits=None from 0.21)"
-            if has_placeholder:
-                return "vLLM MRV2 before 0.22 indexes with a -1 placeholder draft (no placeholder handling)"
+        # No placeholder handling before vLLM #46533 (0.25.0): a -1 draft is verified as the
+        # release does it (read at index -1, or accepted), and the law checks say what it does.
+        if method is Method.STANDARD and batch.draft_logits is None and not self.optional_draft:
+            return "this vLLM's probabilistic_rejection_sample needs draft logits (draft_logits=None from 0.21)"
         if method is Method.SYNTHETIC:
             if self.synthetic is None:
                 return "this vLLM has no synthetic_rejection_sample"
@@ -477,8 +473,6 @@ class _PerMethodApi:
                 return "synthetic rates are not a0 * gamma**i for every request (vLLM 0.19 takes one base rate and decay)"
             if self.rates == "conditional" and _uniform_rates(batch) is None:
                 return "per-request synthetic rates (vLLM MRV2 takes one rate vector per batch)"
-            if (drafts < 0).any():
-                return "vLLM MRV2 before 0.22 synthetic_rejection_sample can accept a -1 placeholder (no placeholder handling)"
         return _processing_reason(self, batch, device)
 
     def sample(self, batch, device: str):
