@@ -128,6 +128,8 @@ def run(args) -> int:
         cmd += ["--backend", b]
     for s in args.scenario or ():
         cmd += ["--scenario", s]
+    for s in args.exclude or ():
+        cmd += ["--exclude", s]
     code = subprocess.run(cmd, cwd=ROOT).returncode
     if not (out / "results.json").is_file():
         return code or 2
@@ -261,6 +263,7 @@ def main(argv=None) -> int:
     r.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--scenario", action="append", help="catalog scenario (repeatable; default: the whole catalog)")
+    r.add_argument("--exclude", action="append", help="leave out this catalog scenario (repeatable)")
     r.add_argument("--timeout", type=float, default=900.0, help="a worker's limit per load or scenario (s)")
     r.add_argument("--history", type=Path, help="append one run per release to this history")
     r.add_argument("--out", type=Path, default=ROOT / "reports" / "releases")
