@@ -53,6 +53,12 @@ method_codes       tuple[int] or None     the distinct codes ``methods`` holds, 
 top_k              [B] int64 or None      per-request top-k over the target (0 = off).
 top_p              [B] float64 or None    per-request top-p over the target (1 = off).
 min_p              [B] float64 or None    per-request min-p over the target (0 = off).
+logit_bias_ids     [B, L] int64 or None   per-request logit-bias token ids, unique in a
+                                          row, -1 pads the unused slots (L: the most
+                                          entries of any request); None: no bias.
+logit_bias         [B, L] float32 or None the biases of ``logit_bias_ids`` (not read at -1
+                                          slots), added to the raw target logits before
+                                          temperature; -inf masks the token.
 processing         str or None            whose top-k/top-p rules the law follows at an
                                           exact tie on a boundary ("vllm", "vllm-sort"),
                                           when a request's law depends on them; else None.
@@ -72,11 +78,13 @@ engine passes no draft distribution then); probabilistic ones against ``softmax(
 (every step, also past a rejection): the suite checks that they follow the law above, and
 that what was emitted follows the target's, lossless end to end.
 
-**Sampling parameters.** With ``top_k``, ``top_p`` or ``min_p`` a request verifies against
-the *processed* target: ``reference.processing.processed_probs``, vLLM's definition (min-p
-on the tempered distribution, then top-k, then top-p over the renormalized survivors). The
-draft distribution is ``softmax(draft_logits / T)`` only, as engines' drafters use it. Greedy
-requests (T = 0) ignore them. A backend applies them with its engine's own code, or declines
+**Sampling parameters.** With ``top_k``, ``top_p``, ``min_p`` or a logit bias a request
+verifies against the *processed* target: ``reference.processing.processed_probs``, vLLM's
+definition (the bias added to the raw logits, then temperature, min-p on the tempered
+distribution, then top-k, then top-p over the renormalized survivors). The draft distribution
+is ``softmax(draft_logits / T)`` only, as engines' drafters use it (no bias: a bias can make
+the target differ from q). Greedy requests (T = 0) ignore top-k, top-p and min-p and take the
+argmax of the *biased* logits. A backend applies them with its engine's own code, or declines
 (``supports``) what its engine does not apply; one whose tie rules differ from
 ``processing`` (when that is set) declines too.
 """
@@ -191,6 +199,15 @@ class VerifyBatch:
     draft_sampling : str or None
         None: verify ``draft_tokens``. ``"probabilistic"`` or ``"greedy"``: a backend with
         ``drafter = True`` draws the drafts itself (module docstring) and returns them too.
+    logit_bias_ids : ndarray of int64, shape (B, L), or None
+        Per-request logit bias, sparse as vLLM MRV2's ``LogitBiasState`` holds it: request
+        ``r``'s biased token ids in ``[0, V)``, each at most once a row, ``-1`` padding the
+        unused slots (``L``: the most entries of any request). None: no request has a bias.
+    logit_bias : ndarray of float32, shape (B, L), or None
+        The biases of ``logit_bias_ids`` (float32, as vLLM stores them; values at ``-1`` slots
+        are not read): added to request ``r``'s raw target logits, every row of it, before
+        temperature (``reference.processing``); ``-inf`` masks a token, NaN and ``+inf`` are
+        not allowed. Given exactly when ``logit_bias_ids`` is.
     processing : str or None
         ``"vllm"`` (vLLM's Triton top-k/top-p: exactly k, ties to the lowest ids) or
         ``"vllm-sort"`` (its sort path: every tie at the k-th value stays), the rules the
@@ -216,17 +233,19 @@ class VerifyBatch:
     min_p: np.ndarray | None = None
     processing: str | None = None
     draft_sampling: str | None = None
+    logit_bias_ids: np.ndarray | None = None
+    logit_bias: np.ndarray | None = None
 
     @property
     def has_sampling_params(self) -> bool:
-        """Whether any request may have top-k, top-p or min-p (a field is not None).
+        """Whether any request may have top-k, top-p, min-p or a logit bias (a field is not None).
 
         Returns
         -------
         bool
-            True when ``top_k``, ``top_p`` or ``min_p`` is given.
+            True when ``top_k``, ``top_p``, ``min_p`` or ``logit_bias_ids`` is given.
         """
-        return any(x is not None for x in (self.top_k, self.top_p, self.min_p))
+        return any(x is not None for x in (self.top_k, self.top_p, self.min_p, self.logit_bias_ids))
 
     @property
     def num_requests(self) -> int:
@@ -269,8 +288,9 @@ class VerifyBatch:
         draft logit, draft ids in ``[0, V)`` or ``-1``, temperatures finite and ``>= 0``,
         known method codes (and ``method_codes`` their distinct set), ``max_drafts`` at
         least the widest request, distinct non-negative ``request_slots``, a known
-        ``logits_dtype``, sampling parameters in range, a known ``processing``, and rates in
-        ``[0, 1]`` for synthetic requests.
+        ``logits_dtype``, sampling parameters in range (logit-bias ids in ``[0, V)`` or the
+        padding -1, unique per request, biases finite or -inf), a known ``processing``, and
+        rates in ``[0, 1]`` for synthetic requests.
 
         Returns
         -------
@@ -334,6 +354,7 @@ class VerifyBatch:
             integral = np.issubdtype(x.dtype, np.integer)
             if x.shape != (b,) or (name == "top_k") != integral or not np.all(ok(x)):
                 raise ValueError(f"{name}: expected {b} {what}, got shape {x.shape} dtype {x.dtype}")
+        self._validate_logit_bias(b)
         if self.draft_sampling not in (None, "probabilistic", "greedy"):
             raise ValueError(f"draft_sampling: expected None, 'probabilistic' or 'greedy', got {self.draft_sampling!r}")
         if self.draft_sampling is not None and self.draft_logits is None:
@@ -349,6 +370,28 @@ class VerifyBatch:
             if not np.all((r >= 0) & (r <= 1)):
                 raise ValueError("synthetic_rates: conditional rates must lie in [0, 1]")
         return self
+
+    def _validate_logit_bias(self, b: int) -> None:
+        ids, bias = self.logit_bias_ids, self.logit_bias
+        if ids is None and bias is None:
+            return
+        if ids is None or bias is None:
+            raise ValueError("logit_bias: logit_bias_ids and logit_bias come together (both None, or both [B, L])")
+        if ids.ndim != 2 or ids.shape[0] != b or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"logit_bias_ids: expected [{b}, L] integers, got shape {ids.shape} dtype {ids.dtype}")
+        if bias.shape != ids.shape or not np.issubdtype(bias.dtype, np.floating):
+            raise ValueError(f"logit_bias: expected floats of logit_bias_ids' shape {ids.shape}, got shape {bias.shape} dtype {bias.dtype}")
+        outside = (ids < -1) | (ids >= self.vocab_size)
+        if outside.any():
+            raise ValueError(f"logit_bias_ids: id {ids[outside][0]} is outside [0, {self.vocab_size}) and not the padding -1")
+        ordered = np.sort(ids, axis=1)
+        twice = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+        if twice.any():
+            r, c = np.argwhere(twice)[0]
+            raise ValueError(f"logit_bias_ids: request {r} gives token {ordered[r, c]} more than one bias")
+        used = bias[ids >= 0].astype(np.float64)
+        if np.isnan(used).any() or np.isposinf(used).any() or (np.abs(used[np.isfinite(used)]) > np.finfo(np.float32).max).any():
+            raise ValueError("logit_bias: biases must be finite in float32 or -inf (which masks a token); NaN and +inf are not allowed")
 
     def to_torch(self, device: str = "cpu") -> dict:
         """The fields as torch tensors on ``device`` (None stays None).

@@ -196,6 +196,7 @@ from reference.distributions import degenerate_rows, greedy_tokens, softmax_rows
 SAMPLING_EPS = 1e-5  # vllm/sampling_params.py::_SAMPLING_EPS: greedy below; min_p above it is rejected with drafts
 MIN_TEMPERATURE = 1e-2  # vllm/sampling_params.py::_MAX_TEMP: 0 < T < this is raised to it
 MAX_TEMPERATURE = 2.0  # vllm/sampling_params.py::_verify_args (0.24.0 on): T > 2 is rejected
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # a bias beyond it is +-inf in vLLM's float32 tables
 
 _ENGINES = {
     "vllm": ("mrv2", "triton"),
@@ -291,6 +292,8 @@ def _normalize_bias(bias) -> tuple[tuple[int, float], ...]:
             raise ValueError(f"logit_bias token ids must be integers >= 0, got {token!r}")
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or value == math.inf:
             raise ValueError(f"logit_bias values must be finite or -inf, got {value!r} for token {token}")
+        if math.isfinite(value) and abs(value) > FLOAT32_MAX:
+            raise ValueError(f"logit_bias values must be finite in float32 (vLLM stores them so), got {value!r} for token {token}")
         if int(token) in out:
             raise ValueError(f"logit_bias gives token {int(token)} more than one bias")
         out[int(token)] = float(value)
@@ -476,23 +479,49 @@ def processed_draft_probs(draft_logits, params: SamplingParams, engine: str = "v
     return probs.reshape(shape)
 
 
-def processed_rows(logits, temperature, top_k=None, top_p=None, min_p=None, engine: str = "vllm") -> np.ndarray:
+def add_logit_bias(logits, ids, biases) -> np.ndarray:
+    """float64 ``logits + bias`` of rows ``logits`` ``[n, V]`` with per-row sparse biases, as
+    ``processed_logits`` adds them: ``ids`` ``[n, L]`` token ids (``-1`` pads a row's unused
+    slots, whose ``biases`` are not read), ``biases`` ``[n, L]`` rounded to float32 first (vLLM's
+    tables) and added in float64. A new array; ValueError for an id outside ``[-1, V)``."""
+    x = np.array(logits, dtype=np.float64)
+    ids = np.asarray(ids, dtype=np.int64).reshape(x.shape[0], -1)
+    used = ids >= 0
+    if ((ids < -1) | (ids >= x.shape[1])).any():
+        bad = int(ids[(ids < -1) | (ids >= x.shape[1])][0])
+        raise ValueError(f"logit_bias: token id {bad} is outside the vocabulary (size {x.shape[1]})")
+    rows, slots = np.nonzero(used)
+    values = np.asarray(biases, dtype=np.float32).reshape(ids.shape)[rows, slots].astype(np.float64)
+    np.add.at(x, (rows, ids[rows, slots]), values)  # ids are unique per row in valid input; add.at sums repeats
+    return x
+
+
+def processed_rows(
+    logits, temperature, top_k=None, top_p=None, min_p=None, engine: str = "vllm", logit_bias_ids=None, logit_bias=None
+) -> np.ndarray:
     """``processed_probs`` of each row with its own parameters: ``temperature``, ``top_k``
     (0 = disabled), ``top_p`` (1 = disabled) and ``min_p`` (0 = disabled) are per-row arrays
-    (the last three may be None: disabled for every row). Rows sharing their parameters are
-    processed together. float64 rows summing to 1, shape ``[rows, vocab]``."""
+    (the last three may be None: disabled for every row); ``logit_bias_ids`` / ``logit_bias``
+    (``[rows, L]``, ``-1`` pads; None: no bias) each row's bias (``add_logit_bias``), added
+    before everything else. Rows sharing their parameters are processed together. float64
+    rows summing to 1, shape ``[rows, vocab]``."""
     x = np.asarray(logits)
     n = x.shape[0]
+    biased = np.zeros(n)
+    if logit_bias_ids is not None:
+        # Then processed as unbiased rows (the same float64 sums), by processed_probs (T in float32) like the law.
+        biased = (np.asarray(logit_bias_ids).reshape(n, -1) >= 0).any(axis=1).astype(np.float64)
+        x = add_logit_bias(x, logit_bias_ids, logit_bias)
 
     def column(values, off):
         return np.full(n, off, dtype=np.float64) if values is None else np.asarray(values, dtype=np.float64).reshape(n)
 
-    keys = np.stack([column(temperature, 1.0), column(top_k, 0), column(top_p, 1.0), column(min_p, 0.0)], axis=1)
+    keys = np.stack([column(temperature, 1.0), column(top_k, 0), column(top_p, 1.0), column(min_p, 0.0), biased], axis=1)
     out = np.empty(x.shape, dtype=np.float64)
     groups, which = np.unique(keys, axis=0, return_inverse=True)
-    for g, (t, k, p, m) in enumerate(groups):
+    for g, (t, k, p, m, b) in enumerate(groups):
         rows = np.flatnonzero(which.reshape(-1) == g)
-        if k == 0 and p >= 1.0 and m == 0:  # nothing but temperature: any T the protocol allows
+        if k == 0 and p >= 1.0 and m == 0 and not b:  # nothing but temperature: any T the protocol allows
             out[rows] = softmax_rows(x[rows], t)
             continue
         params = SamplingParams(float(t), int(k) or None, None if p >= 1.0 else float(p), float(m) or None)

@@ -43,12 +43,22 @@ class ReferenceSampler:
             for name, off in (("top_k", 0.0), ("top_p", 1.0), ("min_p", 0.0))
         ]
 
+    def request_logit_bias(self, batch):
+        """Per-request logit bias as the protocol spells it, ``(ids [B, L] int64, biases [B, L]
+        float64)`` (``-1`` pads), or None when the batch has none."""
+        ids = getattr(batch, "logit_bias_ids", None)
+        if ids is None:
+            return None
+        return np.asarray(ids, dtype=np.int64), np.asarray(batch.logit_bias, dtype=np.float64)
+
     def target_probs(self, logits: np.ndarray, temperature: np.ndarray) -> np.ndarray:
         return softmax_rows(logits, temperature)
 
-    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine: str) -> np.ndarray:
-        """Target rows with their requests' top-k / top-p / min-p (``reference.processing``)."""
-        return processing.processed_rows(logits, temperature, top_k, top_p, min_p, engine)
+    def processed_target_probs(
+        self, logits, temperature, top_k, top_p, min_p, engine: str, logit_bias_ids=None, logit_bias=None
+    ) -> np.ndarray:
+        """Target rows with their requests' logit bias, then top-k / top-p / min-p (``reference.processing``)."""
+        return processing.processed_rows(logits, temperature, top_k, top_p, min_p, engine, logit_bias_ids, logit_bias)
 
     def draft_probs(self, logits, temperature: np.ndarray, vocab_size: int):
         if logits is None:
@@ -148,16 +158,20 @@ class ReferenceSampler:
         width = int(batch.max_drafts) + 1
 
         params = self.request_params(batch)
+        bias = self.request_logit_bias(batch)
         row_temperature = np.repeat(temperature, counts + 1)
-        if params is None:
+        if params is None and bias is None:
             target = _per_period(self.target_probs, batch.target_logits, row_temperature)
         else:
             engine = getattr(batch, "processing", None) or "vllm"
+            if params is None:  # a bias alone: top-k, top-p and min-p off
+                params = [np.zeros(num_reqs), np.ones(num_reqs), np.zeros(num_reqs)]
 
-            def processed(logits, temperature, top_k, top_p, min_p):
-                return self.processed_target_probs(logits, temperature, top_k, top_p, min_p, engine)
+            def processed(logits, temperature, top_k, top_p, min_p, *bias):
+                return self.processed_target_probs(logits, temperature, top_k, top_p, min_p, engine, *bias)
 
-            target = _per_period(processed, batch.target_logits, row_temperature, [np.repeat(x, counts + 1) for x in params])
+            per_row = [np.repeat(x, counts + 1, axis=0) for x in (*params, *(bias or ()))]
+            target = _per_period(processed, batch.target_logits, row_temperature, per_row)
         draft = _per_period(lambda x, t: self.draft_probs(x, t, vocab), batch.draft_logits, np.repeat(temperature, counts))
         num_drafts = self.effective_draft_counts(drafts, cu)
 

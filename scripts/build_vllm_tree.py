@@ -58,7 +58,7 @@ def bound(cls):  # a backend this release's API does not bind (api-drift) loads 
         print(e, file=sys.stderr)
         return []
 for backend in bound(VllmMrv2Backend) + bound(VllmV1Backend):  # run-time imports too
-    for name in ("standard-near-target", "block-fixed", "synthetic-mean-rate", "strict-fixed"):
+    for name in ("standard-near-target", "block-fixed", "synthetic-mean-rate", "strict-fixed", "standard-logit-bias", "standard-top-k-top-p"):
         s = find(scenarios, name)
         batch = trials(s, materialize(s), 0, 1).batch
         if backend.supports(batch) is None:

@@ -40,6 +40,9 @@ def good_batch(**changes) -> VerifyBatch:
 def test_good_batch_validates():
     good_batch().validate()
     good_batch(method_codes=(0,)).validate()
+    # A logit bias: ids padded with -1 (the padded slot's value is not read), -inf masks a token.
+    bias = good_batch(logit_bias_ids=np.array([[3, -1], [0, 2]]), logit_bias=np.array([[2.5, np.nan], [-np.inf, 1.0]], np.float32))
+    assert bias.validate().has_sampling_params
 
 
 @pytest.mark.parametrize(
@@ -72,6 +75,18 @@ def test_good_batch_validates():
         (dict(min_p=np.array([np.nan, 0.5])), "min_p"),
         (dict(min_p=np.array([2, 1])), "min_p"),
         (dict(processing="sort"), "processing"),
+        (dict(logit_bias_ids=np.array([[0], [1]])), "logit_bias"),
+        (dict(logit_bias=np.ones((2, 1), np.float32)), "logit_bias"),
+        (dict(logit_bias_ids=np.array([0, 1]), logit_bias=np.ones(2, np.float32)), "logit_bias_ids"),
+        (dict(logit_bias_ids=np.array([[0.0], [1.0]]), logit_bias=np.ones((2, 1), np.float32)), "logit_bias_ids"),
+        (dict(logit_bias_ids=np.array([[0], [4]]), logit_bias=np.ones((2, 1), np.float32)), "logit_bias_ids"),
+        (dict(logit_bias_ids=np.array([[0], [-2]]), logit_bias=np.ones((2, 1), np.float32)), "logit_bias_ids"),
+        (dict(logit_bias_ids=np.array([[1, 1], [0, -1]]), logit_bias=np.ones((2, 2), np.float32)), "logit_bias_ids"),
+        (dict(logit_bias_ids=np.array([[0], [1]]), logit_bias=np.ones((2, 2), np.float32)), "logit_bias"),
+        (dict(logit_bias_ids=np.array([[0], [1]]), logit_bias=np.ones((2, 1), np.int64)), "logit_bias"),
+        (dict(logit_bias_ids=np.array([[0], [1]]), logit_bias=np.array([[np.nan], [1]], np.float32)), "logit_bias"),
+        (dict(logit_bias_ids=np.array([[0], [1]]), logit_bias=np.array([[np.inf], [1]], np.float32)), "logit_bias"),
+        (dict(logit_bias_ids=np.array([[0], [1]]), logit_bias=np.array([[1e300], [1]])), "logit_bias"),
     ],
 )
 def test_malformed_batches_name_the_field(changes, name):
@@ -383,6 +398,17 @@ def test_a_ten_million_request_file_is_refused_unparsed(tmp_path):
         (dict(requests=[{"num_drafts": 1, "min_p": True}]), "scenario.requests[0].min_p"),
         (dict(requests=[{"num_drafts": 1, "top_k": 2, "temperature": 3.0}]), "scenario.requests[0].temperature"),
         (dict(requests=[{"num_drafts": 1, "top_p": 0.5, "temperature": 1e-3}]), "scenario.requests[0].temperature"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": [[1, 2.0]]}]), "scenario.requests[0].logit_bias"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": "1: 2"}]), "scenario.requests[0].logit_bias"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": {"a": 2.0}}]), "scenario.requests[0].logit_bias"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": {"1.5": 2.0}}]), "scenario.requests[0].logit_bias"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": {"4": 2.0}}]), "scenario.requests[0].logit_bias"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": {"-1": 2.0}}]), "scenario.requests[0].logit_bias"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": {"1": "2"}}]), "scenario.requests[0].logit_bias"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": {"1": True}}]), "scenario.requests[0].logit_bias"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": {"1": None}}]), "scenario.requests[0].logit_bias"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": {"1": 100.5}}]), "scenario.requests[0].logit_bias"),
+        (dict(requests=[{"num_drafts": 1, "logit_bias": {"1": 2.0}, "temperature": 2.5}]), "scenario.requests[0].temperature"),
         (dict(processing="vllm-v1"), "scenario.processing"),
         (dict(method="synthetic", synthetic="x"), "scenario.synthetic"),
         (dict(method="synthetic", synthetic={"mean_rate": "0.5"}), "scenario.synthetic.mean_rate"),
@@ -400,6 +426,37 @@ def test_a_ten_million_request_file_is_refused_unparsed(tmp_path):
 def test_scenario_field_types_are_checked(changes, field):
     with pytest.raises(ValueError, match="^" + re.escape(field) + ":"):
         Scenario.from_dict({**TINY, **changes})
+
+
+@pytest.mark.parametrize(
+    "bias,needle",
+    [
+        ({4: 1.0}, "token id 4 is outside the vocabulary [0, 4)"),
+        ({1: float("nan")}, "the bias of token 1 must be a finite number in [-100, 100]"),
+        ({1: float("-inf")}, "the bias of token 1 must be a finite number in [-100, 100]"),
+        ({1: 1e3}, "the bias of token 1 must be a finite number"),
+        ({"1": 1.0}, "token ids are integers, got '1'"),
+        (((1, 1.0), (1, 2.0)), "token 1 has more than one bias"),
+        ((1, 2.0), "expected a mapping of token id -> bias"),
+    ],
+)
+def test_logit_bias_errors_name_what_is_wrong(bias, needle):
+    """A Python-built request's bias (a mapping, as vLLM's ``SamplingParams.logit_bias``): ids in
+    the vocabulary, once each; finite biases within the OpenAI server's [-100, 100]."""
+    with pytest.raises(ValueError, match=r"^scenario\.requests\[0\]\.logit_bias: .*" + re.escape(needle)):
+        Scenario("x", "standard", 4, (RequestSpec(1, logit_bias=bias),))
+
+
+def test_logit_bias_is_a_json_object_and_round_trips():
+    """JSON spells the mapping as an object with decimal keys (OpenAI's ``logit_bias``); a
+    request without a bias writes none, so every earlier scenario's JSON is unchanged."""
+    s = Scenario("b", "standard", 12, (RequestSpec(2, 0.7, logit_bias={11: 3.0, 2: -100}), RequestSpec(1)))
+    assert s.requests[0].logit_bias == ((2, -100), (11, 3.0))
+    data = json.loads(s.to_json())
+    assert data["requests"][0]["logit_bias"] == {"2": -100, "11": 3.0} and "logit_bias" not in data["requests"][1]
+    assert Scenario.from_json(s.to_json()) == s
+    assert RequestSpec(1, logit_bias={3: 1.0, 1: 2.0}) == RequestSpec(1, logit_bias=((1, 2.0), (3, 1.0)))
+    assert Scenario.from_dict({**TINY, "requests": [{"num_drafts": 1, "logit_bias": None}]}).requests[0].logit_bias == ()
 
 
 def test_python_built_scenarios_are_checked_the_same_way():

@@ -40,6 +40,7 @@ EXPECTED = {
     "greedy-bonus-sampled": ({"outcome-law"}, "greedy-ragged"),
     "block-token-wise": ({"outcome-law", "acceptance-length"}, "block-fixed"),
     "min-p-skipped": ({"outcome-law", "acceptance-length"}, "standard-min-p"),
+    "logit-bias-skipped": ({"outcome-law"}, "standard-logit-bias"),
     "top-p-drops-boundary": ({"outcome-law", "position-law"}, "standard-top-p"),
     "top-p-before-temperature": ({"outcome-law"}, "standard-top-p"),
     "drafter-shares-noise": ({"position-law"}, "engine-drafted"),

@@ -172,7 +172,7 @@ def test_a_coarser_fuzz_profile_replays_through_harness_fuzz(tmp_path, monkeypat
 SEARCH = 300  # examples find() may draw; it stops at the first failing one
 
 
-@pytest.mark.parametrize("fault", ["bonus-wrong-row", "reuse-uniform", "accept-placeholder", "ignore-draft-probs"])
+@pytest.mark.parametrize("fault", ["bonus-wrong-row", "reuse-uniform", "accept-placeholder", "ignore-draft-probs", "logit-bias-skipped"])
 def test_the_fuzzer_finds_planted_faults(fault):
     """Negative control: the strategy reaches scenarios that expose real bug classes, and
     shrinking leaves a small one."""

@@ -130,3 +130,27 @@ def test_laws_sum_to_one():
     for method in LOSSLESS:
         assert abs(laws.fixed_draft_law(method, target, proposal, drafts).sum() - 1) < 1e-12
         assert abs(laws.sampled_draft_law(method, target, proposal).sum() - 1) < 1e-12
+
+
+def test_logit_bias_rows_are_added_before_everything_else():
+    """``processing.add_logit_bias``: per-row sparse biases (-1 pads, not read), rounded to
+    float32 as vLLM stores them and added in float64; ``processed_rows`` with them equals
+    ``processed_probs`` with each row's own ``SamplingParams.logit_bias``."""
+    from reference.processing import SamplingParams, add_logit_bias, processed_probs, processed_rows
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 2, (4, 6)).astype(np.float32)
+    ids = np.array([[1, -1], [0, 5], [-1, -1], [2, 3]])
+    bias = np.array([[0.1, np.nan], [-np.inf, 2.5], [7.0, 7.0], [-1.0, 3.0]])
+    got = add_logit_bias(x, ids, bias)
+    assert got[0, 1] == np.float64(x[0, 1]) + np.float64(np.float32(0.1)) and got[0, 1] != x[0, 1] + 0.1
+    assert np.isneginf(got[1, 0]) and np.array_equal(got[2], x[2].astype(np.float64))
+    with pytest.raises(ValueError, match="logit_bias: token id 6"):
+        add_logit_bias(x, np.array([[6]] * 4), np.ones((4, 1)))
+    temps, ks = np.array([1.0, 0.5, 0.0, 1.7]), np.array([0, 2, 1, 0])
+    rows = processed_rows(x, temps, ks, None, None, "vllm", ids, bias)
+    for i in range(4):
+        pairs = tuple((int(t), float(b)) for t, b in zip(ids[i], bias[i]) if t >= 0)
+        params = SamplingParams(float(temps[i]), int(ks[i]) or None, logit_bias=pairs)
+        np.testing.assert_array_equal(rows[i], processed_probs(x[i : i + 1], params)[0])
+    assert rows[1, 0] == 0.0 and rows[2].argmax() == x[2].argmax()

@@ -24,8 +24,14 @@ module imports: the vendored python-only 0.33.0 tree lacks ``sample/logits_proce
 CPU their conventions are checked on hand-made cases only. Those tests also record the
 kernels' deviations from the reference found on an H200 (``reference.processing``, Top-k and
 Top-p: "Not modeled").
+
+The logit bias through the adapters (the last section; these import vLLM): MRV2 adds it with
+its own ``apply_logit_bias`` (a contract scenario passes, and fails once that function is made
+a no-op; greedy requests give the reference's tokens exactly); V1, and the example HF adapter,
+decline a biased batch.
 """
 
+import dataclasses
 import functools
 from types import SimpleNamespace
 
@@ -33,6 +39,8 @@ import numpy as np
 import pytest
 import torch
 
+from harness.scenarios.profiles import get_profile
+from harness.scenarios.scenario import RequestSpec, Scenario
 from reference.processing import (
     ENGINES,
     SamplingParams,
@@ -46,9 +54,12 @@ from suites.helpers import (
     VLLM_TREES,
     assert_processing_matches,
     dyadic_row,
+    failing_checks,
+    first_batch,
     kept_tokens,
     per_row,
     random_logits,
+    vllm_backend,
     vllm_ops,
     vllm_source,
 )
@@ -308,3 +319,83 @@ def test_greedy_is_the_argmax_of_the_biased_logits(tree):
     assert tokens == [1, 3]
     probs = processed_probs(logits, params)
     assert probs.argmax(axis=1).tolist() == tokens and (probs.max(axis=1) == 1.0).all()
+
+
+# --- logit bias through the adapters (harness.backends.vllm.processing; the example HF adapter) ----
+# These import vLLM (about 10 s) and run MRV2's Triton kernels under the interpreter.
+# MRV2's verifier adds the bias with vllm/v1/worker/gpu/sample/logit_bias.py::apply_logit_bias
+# (Sampler.apply_sampling_params' first logits processor, before the temperature); V1's adds
+# none under a speculative config (v1/sample/logits_processor/__init__.py::build_logitsprocs).
+# One request, one fixed draft, V = 8, T = 0.5: +2 on token 3 of a flat row gives it about 0.9
+# of the mass (1/8 unbiased: a TV of 0.7 or more), -100 removes token 5.
+CONTRACT_BIAS = Scenario("contract-logit-bias", "standard", 8, (RequestSpec(1, 0.5, "flat", "flat", logit_bias={3: 2.0, 5: -100.0}),))
+BIAS_PROFILE = dataclasses.replace(get_profile("smoke"), tv=0.3)  # keeps the name: the runner resolves names
+MRV2_DOTTED = "harness.backends.vllm.mrv2:VllmMrv2Backend"
+
+
+@pytest.fixture(scope="module")
+def mrv2_backend():
+    from harness.backends.vllm import mrv2
+
+    return vllm_backend(mrv2, "VllmMrv2Backend")
+
+
+def test_mrv2_applies_logit_bias_and_a_broken_bias_kernel_fails(mrv2_backend, monkeypatch):
+    """The contract scenario passes with vLLM's ``apply_logit_bias``; made a no-op (the same
+    signature: the adapter binds by it), the law checks fail."""
+    assert mrv2_backend.supports(first_batch(CONTRACT_BIAS)) is None
+    bad = failing_checks(MRV2_DOTTED, CONTRACT_BIAS, BIAS_PROFILE)
+    assert not bad, "\n".join(bad)
+    from harness.backends.vllm import env as vllm_env
+    from harness.backends.vllm import processing as vllm_processing
+
+    module = vllm_env.import_vllm(vllm_processing.LOGIT_BIAS)
+
+    @functools.wraps(module.apply_logit_bias)
+    def skipped(logits, *args, **kwargs):
+        return None
+
+    monkeypatch.setattr(module, "apply_logit_bias", skipped)
+    bad = failing_checks(MRV2_DOTTED, CONTRACT_BIAS, BIAS_PROFILE)
+    assert any("outcome-law: fail" in line for line in bad), bad
+
+
+def test_mrv2_greedy_logit_bias_is_the_reference_exactly(mrv2_backend):
+    """T = 0: the argmax of the biased logits (vLLM's float32 sum), token for token, in a batch
+    of several trials (requests at reversed state slots: the bias tables are read by slot)."""
+    from harness.scenarios.catalog import catalog, find
+    from reference.sampler import ReferenceSampler
+
+    batch = first_batch(find(catalog(get_profile("smoke")), "greedy-logit-bias"), count=6)
+    tokens, emitted = (np.asarray(x.cpu()) for x in mrv2_backend.sample(batch))
+    want_tokens, want_emitted = ReferenceSampler().sample(batch)
+    np.testing.assert_array_equal(emitted, want_emitted)
+    for r in range(batch.num_requests):
+        assert tokens[r, : emitted[r]].tolist() == want_tokens[r, : want_emitted[r]].tolist(), r
+
+
+def test_mrv2_declines_more_bias_tokens_than_vllm_holds():
+    """``LogitBiasState.add_request`` raises past ``MAX_NUM_LOGIT_BIAS_TOKENS`` (1024)."""
+    from harness.backends.vllm import processing as vllm_processing
+
+    processor = vllm_processing.Processor(None, with_min_p=True)
+    ids = np.arange(1025)[None, :]
+    batch = SimpleNamespace(logit_bias_ids=ids, logit_bias=np.ones(ids.shape, np.float32), temperature=np.ones(1), target_logits=None)
+    bias = vllm_processing.logit_bias(batch)
+    params = vllm_processing.Params(np.full(1, 2000, np.int32), np.ones(1, np.float32), np.zeros(1, np.float32), 2000, bias)
+    reason = processor.logit_bias_reason(params)
+    assert reason and "1025 tokens" in reason and "MAX_NUM_LOGIT_BIAS_TOKENS" in reason, reason
+
+
+def test_v1_and_the_hf_example_decline_logit_bias():
+    from harness.backends.vllm import v1
+    from harness.scenarios.catalog import catalog, find
+
+    batch = first_batch(find(catalog(get_profile("smoke")), "standard-logit-bias"))
+    reason = vllm_backend(v1, "VllmV1Backend").supports(batch)
+    assert reason and reason.startswith("logit bias (request 0: {0: 3})") and "build_logitsprocs" in reason, reason
+    pytest.importorskip("transformers", reason="the example HF adapter needs transformers")
+    from examples.hf_speculative_sampling.hf_sampler import Sampler
+
+    reason = Sampler().supports(batch)
+    assert reason and reason.startswith("logit bias:"), reason

@@ -1,5 +1,7 @@
 """The reference sampler against its exact laws, and its determinism and tail reach."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -220,3 +222,51 @@ def test_rows_wider_than_8_bytes_have_no_period():
     for wide in (rows.astype(np.longdouble), rows.astype(np.complex128)):
         assert repeat_period(wide, np.ones(6)) == 6
     np.testing.assert_array_equal(softmax_rows(rows.astype(np.longdouble), 1.0), softmax_rows(rows, 1.0))
+
+
+def _bias_batch(temperature, bias_ids, bias, drafts, target):
+    """Requests of one draft each over V = 4: ``target`` rows (two a request), biases as the protocol spells them."""
+    b = len(temperature)
+    return VerifyBatch(
+        target_logits=np.asarray(target, np.float32), draft_logits=None, draft_tokens=np.asarray(drafts, np.int64),
+        cu_num_drafts=np.arange(b + 1, dtype=np.int64), temperature=np.asarray(temperature, np.float64),
+        seeds=np.arange(b, dtype=np.int64) + 7, positions=np.arange(2 * b, dtype=np.int64), methods=np.zeros(b, np.int8),
+        synthetic_rates=None, max_drafts=1, logit_bias_ids=np.asarray(bias_ids, np.int64), logit_bias=np.asarray(bias, np.float32),
+    ).validate()  # fmt: skip
+
+
+def test_logit_bias_applies_to_every_row_of_its_own_request_only():
+    """Greedy: request 0's +10 on token 3 makes 3 the argmax of both its rows (the draft 3 is
+    accepted, the bonus token is 3); request 1 has no bias (a padded slot) and rejects it. At
+    T = 1 a -inf bias on all but token 2 leaves a point mass there, drafts keep no bias (a draft
+    row favouring 0 changes nothing)."""
+    rows = [[1.0, 0.0, 0.0, 0.0]] * 4
+    batch = _bias_batch([0.0, 0.0], [[3, -1], [-1, -1]], [[10.0, 0.0], [0.0, 0.0]], [3, 3], rows)
+    tokens, emitted = ReferenceSampler().sample(batch)
+    assert emitted.tolist() == [2, 1] and tokens[0].tolist() == [3, 3] and tokens[1, 0] == 0
+    inf = -np.inf
+    many = _bias_batch([1.0] * 8, [[0, 1, 3]] * 8, [[inf, inf, inf]] * 8, [0] * 8, [[5.0, 1.0, 0.0, 2.0]] * 16)
+    many = dataclasses.replace(many, draft_logits=np.tile(np.array([[9.0, 0.0, 0.0, 0.0]], np.float32), (8, 1)))
+    tokens, emitted = ReferenceSampler().sample(many.validate())
+    assert (emitted == 1).all() and (tokens[:, 0] == 2).all()
+
+
+def test_reference_sampler_verifies_against_the_biased_law():
+    """The sampler's processed target rows (sampler and law alike: ``reference.processing``) for
+    a mixed batch of trials: biased and unbiased templates, top-k after the bias."""
+    s = next(s for s in catalog(get_profile("smoke"), seed=0) if s.name == "standard-logit-bias")
+    templates = materialize(s)
+    batch = trials(s, templates, 0, 3).batch
+    seen = {}
+    sampler = ReferenceSampler()
+    original = sampler.processed_target_probs
+
+    def spy(*args, **kwargs):
+        seen["probs"] = original(*args, **kwargs)
+        return seen["probs"]
+
+    sampler.processed_target_probs = spy
+    sampler.sample(batch)
+    rows = np.concatenate([t.target_probs() for t in templates])
+    np.testing.assert_array_equal(seen["probs"], rows)  # one period: the trials repeat the templates' rows
+    assert rows[:3, 0].min() > 0.8  # +3 on token 0 of a flat row at T = 0.7

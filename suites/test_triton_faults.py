@@ -66,6 +66,7 @@ EXPECTED = {
     "drafter-after-processor": ({"draft-law"}, "engine-drafted"),
     "drafter-other-precision": ({"draft-law"}, "engine-drafted-offset"),
     "greedy-drafts-verified-with-probs": ({"position-law"}, "engine-greedy-drafter"),
+    "logit-bias-skipped": ({"outcome-law"}, "greedy-logit-bias"),
 }
 MATRIX = Path(__file__).resolve().parents[1] / "docs" / "fault-matrix-triton.json"
 

@@ -1,19 +1,22 @@
-"""Top-k, top-p and min-p in the suite's Triton sampler (``harness/backends/triton/processing.py``).
+"""Logit bias, top-k, top-p and min-p in the suite's Triton sampler (``harness/backends/triton/processing.py``).
 
-The pre-pass sets every token the processing removes to -inf in a copy of the target rows. What
-is checked:
+The pre-pass adds each request's logit bias and sets every token the processing removes to -inf
+in a copy of the target rows. What is checked:
 
 * its kept set is ``reference.processing.processed_logits(..., "vllm")``'s, row for row: random
-  rows and parameters, ties at the k-th value, exact top-p and min-p boundaries (dyadic rows),
-  uniform rows, rows with -inf entries, NaN and fully masked rows, greedy requests; requests of
-  several rows; a shared (stride-0) target; the batch's tensors never written;
+  rows and parameters (logit biases among them: -inf, removing and lifting ones), ties at the
+  k-th value, exact top-p and min-p boundaries (dyadic rows), uniform rows, rows with -inf
+  entries, NaN and fully masked rows, greedy requests; requests of several rows; a shared
+  (stride-0) target; the batch's tensors never written; the kept logits are the raw ones, or
+  with a bias vLLM's float32 sum ``l + b`` (greedy rows too: their argmax is the biased one);
+* the device path carries the bias (``DeviceTrials``) as the host path does;
 * the catalog's processing scenarios pass through the suite's runner (smoke), and
   ``standard-top-k-ties-sort`` (the sort path's tie rules) is declined;
 * the fused path gives the staged path's outputs with parameters, and no emitted token of a
   sampled request lies outside its row's kept set;
 * nothing runs when the batch has no sampling parameters.
 
-On CUDA (``-m gpu``): the pre-pass on the device, float32 and bfloat16 rows.
+On CUDA (``-m gpu``): the pre-pass on the device, float32 and bfloat16 rows (a bias makes them float32 sums).
 """
 
 import dataclasses
@@ -41,46 +44,57 @@ gpu = pytest.mark.skipif(gpu_skip_reason() is not None, reason=gpu_skip_reason()
 PROCESSING_SCENARIOS = (
     "standard-top-k", "standard-top-p", "standard-min-p", "standard-top-k-top-p", "standard-processing-removes-draft",
     "standard-processing-one-token", "standard-sampled-top-k", "block-top-p", "greedy-top-k", "standard-top-k-ties",
-    "standard-top-k-ties-sort",
+    "standard-top-k-ties-sort", "standard-logit-bias", "standard-logit-bias-removes", "greedy-logit-bias",
 )  # fmt: skip
 
 
 # --- the pre-pass against the reference --------------------------------------------------------------
-def _params(t, k, p, m) -> SamplingParams:
-    """``VerifyBatch`` spelling (0, 1, 0 off) as the reference's."""
-    return SamplingParams(float(t), int(k) or None, None if p >= 1.0 else float(p), float(m) or None)
+def _params(t, k, p, m, bias=()) -> SamplingParams:
+    """``VerifyBatch`` spelling (0, 1, 0 off; bias ids -1 padded) as the reference's."""
+    pairs = tuple((int(i), float(b)) for i, b in zip(*bias) if i >= 0) if len(bias) else ()
+    return SamplingParams(float(t), int(k) or None, None if p >= 1.0 else float(p), float(m) or None, pairs)
 
 
-def _processed(logits, temps, ks, ps, ms, counts=None, device="cpu", dtype=None):
+def _processed(logits, temps, ks, ps, ms, counts=None, device="cpu", dtype=None, bias=None, fault=0):
     """``processed_target`` of rows ``logits`` (NumPy, any float dtype; on the device in ``dtype``,
-    default theirs) for requests of ``counts`` drafts (default: one row each), as NumPy float64."""
+    default theirs) for requests of ``counts`` drafts (default: one row each), ``bias``: None or
+    (ids [B, L], float32 biases [B, L]); as NumPy float64."""
     counts = np.zeros(len(temps), np.int64) if counts is None else np.asarray(counts)
     cu = torch.tensor(np.concatenate([[0], np.cumsum(counts)]), device=device)
     target = torch.tensor(logits, device=device, dtype=dtype)
     before = target.clone()
+    ids, values = (None, None) if bias is None else (torch.tensor(bias[0], device=device), torch.tensor(bias[1], device=device))
     out = processing.processed_target(
         target, cu, torch.tensor(temps, dtype=torch.float64, device=device), torch.tensor(ks, dtype=torch.int64, device=device),
-        torch.tensor(ps, dtype=torch.float64, device=device), torch.tensor(ms, dtype=torch.float64, device=device),
+        torch.tensor(ps, dtype=torch.float64, device=device), torch.tensor(ms, dtype=torch.float64, device=device), fault,
+        ids, values,
     )  # fmt: skip
     assert torch.equal(target.isnan(), before.isnan()) and torch.equal(target.nan_to_num(), before.nan_to_num()), "input written"
-    assert out.dtype == target.dtype and out.device == target.device
+    biased = bias is not None and (bias[0] >= 0).any() and fault != processing.LOGIT_BIAS_SKIPPED
+    assert out.dtype == (torch.float32 if biased else target.dtype) and out.device == target.device
     return out.double().cpu().numpy()
 
 
-def _assert_kept_sets(logits, temps, ks, ps, ms, counts=None, device="cpu", dtype=None):
-    """Every row's kept set (finite after the pre-pass) is the reference's, and kept logits are unchanged."""
+def _assert_kept_sets(logits, temps, ks, ps, ms, counts=None, device="cpu", dtype=None, bias=None):
+    """Every row's kept set (finite after the pre-pass) is the reference's, and kept logits are
+    unchanged, or with a bias vLLM's float32 sum ``l + b``."""
     counts = np.zeros(len(temps), np.int64) if counts is None else np.asarray(counts)
-    got = _processed(logits, temps, ks, ps, ms, counts, device, dtype)
+    got = _processed(logits, temps, ks, ps, ms, counts, device, dtype, bias)
     row_req = np.repeat(np.arange(len(temps)), counts + 1)
     raw = np.asarray(logits, dtype=np.float64)
     for i, r in enumerate(row_req):
-        want = np.isfinite(processed_logits(raw[i], _params(temps[r], ks[r], ps[r], ms[r]), "vllm"))
+        req_bias = () if bias is None else (bias[0][r], bias[1][r])
+        params = _params(temps[r], ks[r], ps[r], ms[r], req_bias)
+        want = np.isfinite(processed_logits(raw[i], params, "vllm"))
         kept = np.isfinite(got[i])
         assert (kept == want).all(), (
-            f"row {i} (T={temps[r]} k={ks[r]} p={ps[r]} min_p={ms[r]}): kept {np.flatnonzero(kept).tolist()}, "
+            f"row {i} (T={temps[r]} k={ks[r]} p={ps[r]} min_p={ms[r]} bias={params.logit_bias}): kept {np.flatnonzero(kept).tolist()}, "
             f"reference {np.flatnonzero(want).tolist()}; logits {raw[i].tolist()}"
         )
-        assert np.array_equal(got[i][kept], raw[i][kept]), f"row {i}: kept logits changed"
+        summed = raw[i].copy()
+        for token, b in params.logit_bias:
+            summed[token] = float(np.float32(np.float32(raw[i, token]) + np.float32(b)))  # vLLM: float32 logits += bias
+        assert np.array_equal(got[i][kept], summed[kept]), f"row {i}: kept logits are not the (biased) raw ones"
 
 
 def _random_case(rng, vocab, n):
@@ -104,10 +118,86 @@ def _random_case(rng, vocab, n):
     return x, temps, ks, ps, ms
 
 
+def _random_bias(rng, vocab, n, width=3):
+    """Per-request biases as the protocol spells them: ``width`` slots, -1 padded, unique ids;
+    values that remove (-inf, -50), move and lift (+4, and random ones) tokens."""
+    ids = np.full((n, width), -1, np.int64)
+    values = np.zeros((n, width), np.float32)
+    for r in range(n):
+        m = int(rng.integers(0, min(width, vocab) + 1))
+        ids[r, :m] = rng.choice(vocab, size=m, replace=False)
+        values[r, :m] = [rng.choice([-np.inf, -50.0, -2.5, 1.5, 4.0, float(rng.normal(0, 3))]) for _ in range(m)]
+    return ids, values
+
+
 @pytest.mark.parametrize("vocab", [1, 2, 7, 50, 1000])
 def test_kept_set_on_random_rows(vocab):
     rng = np.random.default_rng(vocab)
     _assert_kept_sets(*_random_case(rng, vocab, 150 if vocab < 1000 else 40))
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 7, 50, 1000])
+def test_kept_set_on_random_rows_with_logit_bias(vocab):
+    """The bias before the temperature and the removals, as the reference: random rows and
+    parameters, greedy requests included (the bias only), in requests of several rows."""
+    rng = np.random.default_rng(100 + vocab)
+    n = 120 if vocab < 1000 else 30
+    x, temps, ks, ps, ms = _random_case(rng, vocab, n)
+    _assert_kept_sets(x, temps, ks, ps, ms, bias=_random_bias(rng, vocab, n))
+    counts = rng.integers(0, 4, 20)
+    rows = (rng.standard_normal((int(counts.sum()) + 20, vocab)) * 2).astype(np.float32)
+    _assert_kept_sets(rows, temps[:20], ks[:20], ps[:20], ms[:20], counts, bias=_random_bias(rng, vocab, 20))
+
+
+def test_logit_bias_comes_before_the_removals_and_reaches_greedy_rows():
+    """A +3 bias lifts token 4 into a top-2 (bias, then top-k), a -inf one removes the top
+    token, greedy rows get the float32 sum (their argmax is the biased one); the planted fault
+    ``logit-bias-skipped`` leaves the rows and their removals unbiased."""
+    x = np.array([[2.0, 1.5, 0.0, -1.0, 0.1]], np.float32).repeat(3, axis=0)
+    bias = (np.array([[4, -1], [0, 4], [4, -1]]), np.array([[3.0, 0.0], [-np.inf, 1.0], [3.0, 0.0]], np.float32))
+    temps, ks, ps, ms = [1.0, 0.5, 0.0], [2, 0, 2], [1.0, 1.0, 1.0], [0.0, 0.2, 0.0]
+    got = _processed(x, temps, ks, ps, ms, bias=bias)
+    assert [np.flatnonzero(np.isfinite(r)).tolist() for r in got] == [[0, 4], [1, 4], [0, 1, 2, 3, 4]]
+    assert got[2].argmax() == 4 and got[0, 4] == np.float32(3.1)
+    _assert_kept_sets(x, temps, ks, ps, ms, bias=bias)
+    skipped = _processed(x, temps, ks, ps, ms, bias=bias, fault=processing.LOGIT_BIAS_SKIPPED)
+    assert [np.flatnonzero(np.isfinite(r)).tolist() for r in skipped] == [[0, 1], [0, 1], [0, 1, 2, 3, 4]]
+    assert np.array_equal(skipped[2], x[2].astype(np.float64))
+
+
+def test_shared_rows_with_logit_bias():
+    """A stride-0 target stays a view when every request has the same bias (float32 rows of
+    the sums), and gets rows of its own when the biases differ."""
+    row = torch.tensor([[0.5, -1.0, 2.0, 0.25, 1.0, -3.0]])
+    shared, cu = row.expand(6, 6), torch.tensor([0, 1, 2, 3])  # 3 requests of 2 rows
+    t, k = torch.full((3,), 0.7, dtype=torch.float64), torch.full((3,), 2)
+    same = (torch.tensor([[1, -1]] * 3), torch.tensor([[5.0, 0.0]] * 3))
+    out = processing.processed_target(shared, cu, t, k, None, None, 0, *same)
+    assert out.stride(0) == 0 and out.dtype == torch.float32
+    assert np.flatnonzero(np.isfinite(out[0].numpy())).tolist() == [1, 2] and out[3, 1] == 4.0
+    other = (torch.tensor([[1, -1], [1, -1], [5, 3]]), torch.tensor([[5.0, 0.0], [5.0, 0.0], [9.0, 9.0]]))
+    mixed = processing.processed_target(shared, cu, t, k, None, None, 0, *other)
+    assert mixed.stride(0) != 0 and np.flatnonzero(np.isfinite(mixed[4].numpy())).tolist() == [3, 5]
+    assert shared.stride(0) == 0 and torch.equal(shared[5], row[0]), "the shared row was written"
+
+
+def test_device_batches_carry_the_logit_bias():
+    """``DeviceTrials`` (torch on the CPU) gives the host path's ``logit_bias_ids`` / ``logit_bias``
+    rows, trial after trial, and the Triton sampler the same tokens from either batch."""
+    from harness.sampling.device.trials import DeviceTrials
+    from harness.scenarios.materialize import materialize, trials
+
+    s = [s for s in catalog(get_profile("smoke"), seed=0) if s.name == "standard-logit-bias"][0]
+    templates = materialize(s)
+    built = DeviceTrials(s, templates, "cpu", kernels=False)
+    built.prepare(12)
+    for first, count in ((0, 7), (7, 5)):
+        host = trials(s, templates, first, count).batch
+        device, _ = built.chunk(first, count)
+        for name in ("logit_bias_ids", "logit_bias"):
+            assert np.array_equal(getattr(device, name).numpy(), getattr(host, name)), name
+        assert host.logit_bias_ids.shape == (count * len(templates), 2) and (host.logit_bias_ids[0] == [0, -1]).all()
+        assert_same_outputs(sample_triton(device, path="staged"), sample_triton(host, path="staged"), host)
 
 
 def test_kept_set_in_requests_of_several_rows():
@@ -290,5 +380,6 @@ def test_kept_set_on_cuda(dtype):
     x, temps, ks, ps, ms = _random_case(rng, 1000, 60)
     x = torch.tensor(x).to(getattr(torch, dtype)).float().numpy()
     _assert_kept_sets(x, temps, ks, ps, ms, device="cuda", dtype=getattr(torch, dtype))
+    _assert_kept_sets(x, temps, ks, ps, ms, device="cuda", dtype=getattr(torch, dtype), bias=_random_bias(rng, 1000, 60))
     counts = np.diff(np.linspace(0, 50, 11).astype(np.int64))  # 10 requests of 5 drafts: 60 rows
     _assert_kept_sets(x, temps[:10], ks[:10], ps[:10], ms[:10], counts, device="cuda", dtype=getattr(torch, dtype))

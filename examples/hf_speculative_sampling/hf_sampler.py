@@ -27,7 +27,8 @@ Conventions, each taken from HF's code (transformers 5.20.2):
 * ``assistant_ensemble_weight=None``: ``GenerationConfig``'s default, the lossless method.
 
 Declined (``supports``), with the reason, because HF does not call ``_speculative_sampling``
-for them: methods other than standard, batches without draft logits, greedy requests
+for them: methods other than standard, requests with a logit bias or top-k / top-p / min-p
+(HF applies those in ``generate()``'s logits processors, not here), batches without draft logits, greedy requests
 (temperature 0), requests without a draft before their first placeholder, and target or
 draft rows with no finite logit or with a NaN (HF's float32 softmax turns them into NaN
 and ``torch.multinomial`` raises). A placeholder later in a request ends its drafts: HF
@@ -72,6 +73,12 @@ class Sampler:
             return (
                 f"method {Method(int(other[0])).name.lower()}: HF's _speculative_sampling is the standard method "
                 "(Leviathan et al. Algorithm 1) alone"
+            )
+        if getattr(batch, "logit_bias_ids", None) is not None:
+            return (
+                "logit bias: this adapter hands _speculative_sampling logits after temperature only "
+                "(HF adds a bias in generate()'s logits processors, SequenceBiasLogitsProcessor via sequence_bias, "
+                "not in _speculative_sampling)"
             )
         if getattr(batch, "has_sampling_params", False):
             return (

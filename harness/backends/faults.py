@@ -326,16 +326,25 @@ class BlockTokenWise(ReferenceSampler):
 class MinPSkipped(ReferenceSampler):
     """The verifier skips min-p although the request set it (vLLM #42744's class)."""
 
-    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine):
-        return super().processed_target_probs(logits, temperature, top_k, top_p, np.zeros_like(min_p), engine)
+    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine, *bias):
+        return super().processed_target_probs(logits, temperature, top_k, top_p, np.zeros_like(min_p), engine, *bias)
+
+
+class LogitBiasSkipped(ReferenceSampler):
+    """The verifier ignores the requests' logit bias: what vLLM V1's does under a speculative
+    config (``build_logitsprocs`` builds no ``LogitBiasLogitsProcessor``) were a biased request
+    let through (``SamplingParams._validate_spec_decode`` rejects it)."""
+
+    def request_logit_bias(self, batch):
+        return None
 
 
 class TopPDropsBoundary(ReferenceSampler):
     """Top-p keeps the tokens whose inclusive prefix mass is <= p (the top one at least):
     the token that reaches p is dropped."""
 
-    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine):
-        probs = super().processed_target_probs(logits, temperature, top_k, np.ones_like(top_p), min_p, engine)
+    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine, *bias):
+        probs = super().processed_target_probs(logits, temperature, top_k, np.ones_like(top_p), min_p, engine, *bias)
         order = np.argsort(-probs, axis=-1, kind="stable")
         mass = np.cumsum(np.take_along_axis(probs, order, axis=-1), axis=-1)
         keep = mass <= np.asarray(top_p)[:, None]
@@ -351,10 +360,10 @@ class TopPBeforeTemperature(ReferenceSampler):
     """Top-p's set chosen on the distribution before temperature, then the temperature
     applied to it: the engines' order temperature -> top-p broken."""
 
-    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine):
+    def processed_target_probs(self, logits, temperature, top_k, top_p, min_p, engine, *bias):
         t = np.asarray(temperature)
-        untempered = super().processed_target_probs(logits, np.where(t > 0, 1.0, 0.0), top_k, top_p, min_p, engine)
-        probs = super().processed_target_probs(logits, temperature, top_k, np.ones_like(top_p), min_p, engine)
+        untempered = super().processed_target_probs(logits, np.where(t > 0, 1.0, 0.0), top_k, top_p, min_p, engine, *bias)
+        probs = super().processed_target_probs(logits, temperature, top_k, np.ones_like(top_p), min_p, engine, *bias)
         kept = np.where((t[:, None] > 0) & (untempered == 0), 0.0, probs)
         return kept / kept.sum(axis=-1, keepdims=True)
 
@@ -439,6 +448,7 @@ FAULTS = {
     "greedy-bonus-sampled": GreedyBonusSampled,
     "block-token-wise": BlockTokenWise,
     "min-p-skipped": MinPSkipped,
+    "logit-bias-skipped": LogitBiasSkipped,
     "top-p-drops-boundary": TopPDropsBoundary,
     "top-p-before-temperature": TopPBeforeTemperature,
     "drafter-shares-noise": DrafterSharesNoise,

@@ -172,6 +172,36 @@ def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
         ),
         dict(name="engine-drafted-block", method="block", draft_mode="engine", requests=[R(2, 1.0, "peaked", "flat")]),
         dict(name="engine-drafted-top-p", method="standard", draft_mode="engine", requests=[R(2, 1.0, "peaked", top_p=0.8)]),
+        # Logit bias (vLLM's SamplingParams.logit_bias): added to the raw target logits before
+        # temperature, never to the draft's. A bias that moves most of the mass onto a token the
+        # draft proposes about 1/V of the time (flat rows, +3 at T = 0.7), one that lifts the
+        # vocabulary's last id into a top-3 (the bias comes before top-k), and greedy requests,
+        # whose argmax is the biased logits'.
+        dict(
+            name="standard-logit-bias",
+            method="standard",
+            requests=[
+                R(2, 0.7, "flat", "flat", logit_bias={0: 3.0}),
+                R(3, 1.0, "peaked", "near-target", logit_bias={1: 4.0, 2: -2.5}),
+                R(2, 1.0, "peaked", "near-target", top_k=3, logit_bias={v - 1: 6.0}),
+            ],
+        ),
+        # -100 (the OpenAI server's floor) removes a token in effect (e**-50 of its mass at most):
+        # the drafted token itself (explicit drafts), or every token but one (the target becomes
+        # a point mass the draft rarely proposes).
+        dict(
+            name="standard-logit-bias-removes",
+            method="standard",
+            requests=[
+                R(2, 1.0, "peaked", "near-target", draft_ids=(0, 0), logit_bias={0: -100.0}),
+                R(2, 1.0, "flat", "flat", logit_bias={i: -100.0 for i in range(1, v)}),
+            ],
+        ),
+        dict(
+            name="greedy-logit-bias",
+            method="greedy",
+            requests=[R(2, 0, "flat", "near-target", logit_bias={2: 2.0}), R(3, 0, "peaked", logit_bias={0: -100.0, 1: 6.0})],
+        ),
     ]
     out = []
     for i, spec in enumerate(specs):

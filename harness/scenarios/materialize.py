@@ -82,7 +82,8 @@ class Template:
 
     def target_probs(self) -> np.ndarray:
         """The law the verifier must follow: the target after temperature and, when the request
-        has them, top-k / top-p / min-p (``reference.processing``); drafts keep temperature only."""
+        has them, logit bias / top-k / top-p / min-p (``reference.processing``); drafts keep
+        temperature only."""
         params = self.spec.sampling_params
         if params is None:
             return softmax_rows(self.target_logits, self.spec.temperature)
@@ -194,7 +195,10 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
     local = np.concatenate([np.arange(c + 1) for c in counts])
     positions = np.repeat(base, per_req_counts + 1) + np.tile(local, count)
     temps = np.tile(np.array([t.spec.temperature for t in templates], dtype=np.float64), count)
-    params = {name: None if values is None else np.tile(values, count) for name, values in sampling_arrays(templates).items()}
+    params = {
+        name: None if values is None else np.tile(values, (count,) + (1,) * (values.ndim - 1))  # 2-D: logit bias rows
+        for name, values in sampling_arrays(templates).items()
+    }
     methods = np.tile(np.array([t.method for t in templates], dtype=np.int8), count)
     rates = None
     if s.synthetic is not None:
@@ -224,11 +228,22 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
 
 def sampling_arrays(templates: list[Template]) -> dict:
     """One trial's ``top_k`` / ``top_p`` / ``min_p`` (``VerifyBatch`` spelling: 0, 1.0, 0.0 when
-    off), each None when no template sets it."""
+    off), each None when no template sets it, and ``logit_bias_ids`` / ``logit_bias`` (``[T, L]``
+    int64 ids padded with -1, float32 biases padded with 0), both None when no template has a bias."""
     out = {}
     for name, off, dtype in (("top_k", 0, np.int64), ("top_p", 1.0, np.float64), ("min_p", 0.0, np.float64)):
         values = [getattr(t.spec, name) for t in templates]
         out[name] = None if all(v is None for v in values) else np.array([off if v is None else v for v in values], dtype=dtype)
+    biases = [t.spec.logit_bias for t in templates]
+    out["logit_bias_ids"] = out["logit_bias"] = None
+    if any(biases):
+        width = max(len(b) for b in biases)
+        ids = np.full((len(templates), width), -1, dtype=np.int64)
+        values = np.zeros((len(templates), width), dtype=np.float32)
+        for i, pairs in enumerate(biases):
+            ids[i, : len(pairs)] = [token for token, _ in pairs]
+            values[i, : len(pairs)] = [bias for _, bias in pairs]
+        out["logit_bias_ids"], out["logit_bias"] = ids, values
     return out
 
 

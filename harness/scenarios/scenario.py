@@ -13,8 +13,10 @@ limits below, before anything is allocated: a bad file is a usage error, never a
 """
 
 import json
+import math
 import re
 import reprlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
@@ -51,6 +53,12 @@ MAX_TEMPERATURE = 1e4  # every family's row is then uniform to 0.4% (logit spans
 MAX_SEED = (1 << 63) - 1  # seeds are int64 on the device and in the history (SQLite); NumPy's hash fails past 2**64
 MAX_TAGS, MAX_TAG_CHARS = 64, 128
 MAX_SCENARIO_BYTES = 1 << 23  # a scenario file: a valid one is under 1 MiB even indented; parsing more costs ~12x in memory
+# A request's logit biases: finite (JSON has no -inf), at most the magnitude vLLM's OpenAI
+# server lets through (``SamplingParams.from_optional`` clamps to [-100, 100]). -100 leaves a
+# token at most e**-50 of its mass at T <= 2; the float32 sum l + b (engines add in float32)
+# stays within 2**-17 of the float64 one the laws use.
+MAX_LOGIT_BIAS = 100.0
+_INT_KEY = re.compile(r"-?[0-9]{1,20}")
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,19 @@ class RequestSpec:
     top_k: int | None = None  # the request's sampling parameters, applied to the target's raw logits
     top_p: float | None = None  # (reference.processing; None = disabled)
     min_p: float | None = None
+    # token id -> additive bias on the raw target logits, before temperature (vLLM's
+    # SamplingParams.logit_bias); a mapping is stored as (id, bias) pairs sorted by id
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self):
+        bias = self.logit_bias  # a malformed one is kept, for the scenario's validation to name what is wrong
+        if isinstance(bias, Mapping):
+            bias = tuple(bias.items())
+        elif isinstance(bias, list):
+            bias = tuple(tuple(p) if isinstance(p, (list, tuple)) else p for p in bias)
+        if isinstance(bias, tuple) and all(isinstance(p, tuple) and len(p) == 2 and _is_int(p[0]) for p in bias):
+            bias = tuple(sorted(bias, key=lambda p: p[0]))
+        object.__setattr__(self, "logit_bias", bias)
 
     @property
     def degenerate(self) -> bool:
@@ -75,10 +96,11 @@ class RequestSpec:
 
     @property
     def sampling_params(self) -> SamplingParams | None:
-        """The request's top-k / top-p / min-p with its temperature, or None when none is set."""
-        if self.top_k is None and self.top_p is None and self.min_p is None:
+        """The request's top-k / top-p / min-p / logit bias with its temperature, or None when
+        none is set."""
+        if self.top_k is None and self.top_p is None and self.min_p is None and not self.logit_bias:
             return None
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -130,7 +152,7 @@ class Scenario:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["requests"] = [{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(r).items()} for r in self.requests]
+        d["requests"] = [_request_dict(r) for r in self.requests]
         d["tags"] = list(self.tags)
         return d
 
@@ -164,6 +186,8 @@ class Scenario:
                 if k in r and not isinstance(r[k], list) and not (k == "draft_ids" and r[k] is None):
                     raise ValueError(f"scenario.requests[{i}].{k}: expected a list of integers, got {_brief(r[k])}")
             tuples = {k: tuple(v) for k, v in r.items() if k in ("draft_ids", "nan_rows", "masked_rows") and isinstance(v, list)}
+            if "logit_bias" in r:
+                tuples["logit_bias"] = _bias_from_json(f"scenario.requests[{i}].logit_bias", r["logit_bias"])
             specs.append(RequestSpec(**{**r, **tuples}))
         return cls(**{**data, "requests": tuple(specs), "tags": tuple(tags)})
 
@@ -176,6 +200,32 @@ class Scenario:
         except RecursionError:
             raise ValueError("scenario JSON: nested too deeply") from None
         return cls.from_dict(data)
+
+
+def _request_dict(r: RequestSpec) -> dict:
+    """A request as JSON data: tuples as lists, the logit bias as an object ``{"id": bias}``
+    (JSON's keys are strings, as in OpenAI's ``logit_bias``), left out when empty."""
+    d = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(r).items() if k != "logit_bias"}
+    if r.logit_bias:
+        d["logit_bias"] = {str(token): bias for token, bias in r.logit_bias}
+    return d
+
+
+def _bias_from_json(where: str, value) -> dict:
+    """A JSON logit bias (an object of decimal-integer keys) as ``{int: value}``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected an object of token id -> bias, got {_brief(value)}")
+    out = {}
+    for key, bias in value.items():
+        if isinstance(key, str) and _INT_KEY.fullmatch(key):
+            out[int(key)] = bias
+        elif _is_int(key):
+            out[key] = bias
+        else:
+            raise ValueError(f"{where}: token ids are integers (decimal strings in JSON), got key {_brief(key)}")
+    return out
 
 
 def read_scenario_file(path: str) -> Scenario:
@@ -296,7 +346,7 @@ def _validate(s: Scenario) -> None:
             raise ValueError(f"{where}.draft: {_brief(r.draft)} is not one of {DRAFT_FAMILIES}")
         if not isinstance(r.stationary, bool):
             raise ValueError(f"{where}.stationary: expected true or false, got {_brief(r.stationary)}")
-        _validate_sampling_params(where, r)
+        _validate_sampling_params(where, r, s.vocab_size)
         if r.placeholder_at is not None:
             if not _is_int(r.placeholder_at) or not 0 <= r.placeholder_at < r.num_drafts:
                 raise ValueError(f"{where}.placeholder_at: expected a draft index in [0, {r.num_drafts}), got {_brief(r.placeholder_at)}")
@@ -328,7 +378,7 @@ def _validate(s: Scenario) -> None:
             raise ValueError(str(e) if str(e).startswith("scenario.") else f"scenario.synthetic.{e}") from None
 
 
-def _validate_sampling_params(where: str, r: RequestSpec) -> None:
+def _validate_sampling_params(where: str, r: RequestSpec, vocab: int) -> None:
     k, p, m = r.top_k, r.top_p, r.min_p
     if k is not None and (not _is_int(k) or k < 1):
         raise ValueError(f"{where}.top_k: expected null (disabled) or an integer >= 1, got {_brief(k)}")
@@ -336,12 +386,34 @@ def _validate_sampling_params(where: str, r: RequestSpec) -> None:
         raise ValueError(f"{where}.top_p: expected null (disabled) or a number in (0, 1], got {_brief(p)}")
     if m is not None and (not _is_number(m) or not 0 <= m <= 1):
         raise ValueError(f"{where}.min_p: expected null (disabled) or a number in [0, 1], got {_brief(m)}")
+    _validate_logit_bias(f"{where}.logit_bias", r.logit_bias, vocab)
     t = r.temperature
     if r.sampling_params is not None and _is_number(t) and t != 0 and not MIN_PROCESSED_TEMPERATURE <= t <= MAX_PROCESSED_TEMPERATURE:
         raise ValueError(
-            f"{where}.temperature: with top_k, top_p or min_p, expected 0 or a number in "
+            f"{where}.temperature: with top_k, top_p, min_p or logit_bias, expected 0 or a number in "
             f"[{MIN_PROCESSED_TEMPERATURE:g}, {MAX_PROCESSED_TEMPERATURE:g}] (the temperatures vLLM applies them at), got {t!r}"
         )
+
+
+def _validate_logit_bias(where: str, pairs, vocab: int) -> None:
+    """(token id, bias) pairs, as ``RequestSpec`` stores a mapping: ids in [0, vocab), each
+    once, biases finite numbers in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]."""
+    if not isinstance(pairs, tuple) or not all(isinstance(pair, tuple) and len(pair) == 2 for pair in pairs):
+        raise ValueError(f"{where}: expected a mapping of token id -> bias, got {_brief(pairs)}")
+    seen = set()
+    for token, bias in pairs:
+        if not _is_int(token):
+            raise ValueError(f"{where}: token ids are integers, got {_brief(token)}")
+        if not 0 <= token < vocab:
+            raise ValueError(f"{where}: token id {token} is outside the vocabulary [0, {vocab})")
+        if token in seen:
+            raise ValueError(f"{where}: token {token} has more than one bias")
+        seen.add(token)
+        if not _is_number(bias) or not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(
+                f"{where}: the bias of token {token} must be a finite number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] "
+                f"(the range vLLM's OpenAI server lets through), got {_brief(bias)}"
+            )
 
 
 def did_you_mean(name: str, known, prefix: str = "") -> str:

@@ -5,7 +5,7 @@ Drawn: ragged draft counts (0 included), mixed greedy / standard / synthetic req
 temperatures 0, near 0 and large, every distribution family (top-k truncation gives
 zero-probability tokens), explicit drafts with target or draft probability 0,
 placeholders, NaN and all-masked rows, top-k / top-p / min-p (with either engine's rules at
-ties), drafts drawn by the backend's own drafter (probabilistic or greedy), a smaller draft vocabulary, fp32 / bf16 / fp16
+ties) and logit biases, drafts drawn by the backend's own drafter (probabilistic or greedy), a smaller draft vocabulary, fp32 / bf16 / fp16
 logits, scattered state slots, and vocabularies straddling kernel block sizes. Tensors
 are built by ``harness.scenarios.materialize`` from the drawn seed, so examples shrink
 to small, readable scenarios. The fuzz budget and replay are in ``harness.studies.fuzz``.
@@ -73,14 +73,22 @@ def request_specs(draw, vocab: int, draft_mode: str, methods: tuple[str, ...], m
 PROCESSED_TEMPERATURES = (0.3, 1.0, 1.7)  # inside vLLM's [0.01, 2]
 
 
+# Logit biases the fuzzer draws: -50 removes a token in effect (e**-25 of its mass at most),
+# +4 makes one dominant, the others move mass. Dyadic, so a float32 logit plus one rounds
+# only where its exponent grows (vLLM adds in float32, the laws in float64).
+LOGIT_BIASES = (-50.0, -2.5, 1.5, 4.0)
+
+
 @st.composite
 def sampling_params(draw, vocab: int) -> dict:
-    """top-k / top-p / min-p, at least one of them set: small k (1 keeps one token), top-p
-    from nearly nothing to nearly everything, min-p that removes most or a few tokens."""
+    """top-k / top-p / min-p / logit bias, at least one of them set: small k (1 keeps one
+    token), top-p from nearly nothing to nearly everything, min-p that removes most or a few
+    tokens, a bias on one to three tokens (``LOGIT_BIASES``)."""
     values = {
         "top_k": st.sampled_from((1, 2, max(1, vocab // 2))),
         "top_p": st.sampled_from((0.5, 0.05, 0.8, 0.95)),
         "min_p": st.sampled_from((0.05, 0.3)),
+        "logit_bias": st.dictionaries(st.integers(0, vocab - 1), st.sampled_from(LOGIT_BIASES), min_size=1, max_size=min(3, vocab)),
     }
     first = draw(st.sampled_from(tuple(values)))
     return {name: draw(strategy) for name, strategy in values.items() if name == first or draw(st.booleans())}
@@ -258,7 +266,10 @@ def without_mates(batch, keep):
         methods=batch.methods[keep],
         synthetic_rates=None if batch.synthetic_rates is None else batch.synthetic_rates[keep],
         request_slots=None if batch.request_slots is None else batch.request_slots[keep],
-        **{name: None if getattr(batch, name) is None else getattr(batch, name)[keep] for name in ("top_k", "top_p", "min_p")},
+        **{
+            name: None if getattr(batch, name) is None else getattr(batch, name)[keep]
+            for name in ("top_k", "top_p", "min_p", "logit_bias_ids", "logit_bias")
+        },
     ).validate()
 
 

@@ -129,8 +129,9 @@ class TritonBackend:
             drafts = drafting.draft(t, sampling, block_v=self.tiles["block_v"], fault=fault)
         if batch.has_sampling_params:  # removed tokens become -inf in a copy; the kernels stay as they are
             t["target_logits"] = processing.processed_target(
-                t["target_logits"], t["cu_num_drafts"], t["temperature"], t["top_k"], t["top_p"], t["min_p"], fault
-            )
+                t["target_logits"], t["cu_num_drafts"], t["temperature"], t["top_k"], t["top_p"], t["min_p"], fault,
+                t.get("logit_bias_ids"), t.get("logit_bias"),
+            )  # fmt: skip
         out = verify(
             t["target_logits"], t["draft_logits"], t["draft_tokens"], t["cu_num_drafts"], t["temperature"], t["seeds"],
             t["positions"], t["methods"], t["synthetic_rates"], batch.max_drafts, **flags, **self.tiles, **self.path,

@@ -6,7 +6,7 @@ resolved at compile time. Names are those of ``harness.backends.faults`` where t
 one; ``note`` says where the Triton form differs from the reference's. Three are the
 caller's bugs, planted on the kernels' inputs (``ignore-draft-probs`` and
 ``temperature-twice`` in ``verify()``, ``draft-before-topk`` in ``TritonFaultBackend``); the
-processing pre-pass's three (28-30) and two of the drafter's (32, 34) are Python branches of
+processing pre-pass's four (28-30, 35) and two of the drafter's (32, 34) are Python branches of
 the host code they live in (``processing``, ``drafting.draft``), the other two drafter faults
 branches of ``_draft_kernel``.
 ``NOT_PLANTED`` names the reference faults this sampler has no place for, and why. This
@@ -123,6 +123,11 @@ TRITON_FAULTS = {
     ),
     "greedy-drafts-verified-with-probs": TritonFault(
         34, "drafting.draft, on the host: greedy drafts verified against the draft logits, not as point masses (HF #32867)"
+    ),
+    "logit-bias-skipped": TritonFault(
+        35,
+        "processing._apply, on the host: the requests' logit bias is never added (their top-k / top-p / min-p run on the "
+        "unbiased logits), as vLLM V1's verifier under a speculative config (build_logitsprocs builds no LogitBiasLogitsProcessor)",
     ),
 }
 

@@ -79,7 +79,7 @@ class DeviceTrials:
         self.methods = put(np.array([t.method for t in templates], dtype=np.int8))
         self.method_codes = tuple(sorted({int(t.method) for t in templates}))  # every chunk holds every template
         self.rates = self.floats.get("rates")
-        # top-k / top-p / min-p of one trial (None when no template sets it), and whose tie rules.
+        # top-k / top-p / min-p / logit bias ([T, L] rows) of one trial (None when no template sets it), and whose tie rules.
         self.params = {name: None if x is None else upload(x, dev) for name, x in sampling_arrays(templates).items()}
         self.processing = batch_processing(templates)
         self._tiled = (None, None, None)  # (count, target, draft): the last chunk size's logits
@@ -146,7 +146,7 @@ class DeviceTrials:
                 temperature=self.temps.repeat(count),
                 methods=self.methods.repeat(count),
                 synthetic_rates=None if self.rates is None else self.rates[None].repeat(count * t_count, 1),
-                **{name: None if x is None else x.repeat(count) for name, x in self.params.items()},
+                **{name: None if x is None else x.repeat(count, *[1] * (x.dim() - 1)) for name, x in self.params.items()},
             )
         return self._shape[count]
 
