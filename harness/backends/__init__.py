@@ -4,7 +4,8 @@
 ``triton``             the suite's own Triton sampler (``harness.backends.triton``).
 ``vllm-mrv2``          vLLM's Model Runner V2 ``rejection_sample`` (``harness.backends.vllm.mrv2``), with
                        its drafter's ``gumbel_sample`` for drafts it draws (``harness.backends.vllm.drafting``).
-``vllm-v1``            vLLM's V1 ``rejection_sample`` (``harness.backends.vllm.v1``).
+``vllm-v1``            vLLM's V1 ``rejection_sample`` (``harness.backends.vllm.v1``), with its proposers'
+                       ``compute_probs_and_sample_next_token`` for drafts it draws (``harness.backends.vllm.v1_drafting``).
 ``fault:NAME``         the reference with one planted bug (``harness.backends.faults``).
 ``triton-fault:NAME``  the Triton sampler with one planted kernel bug (``harness.backends.triton.faults``).
 ``pkg.mod:Attr``       a third-party implementation: a class (instantiated with no
@@ -54,7 +55,7 @@ class FunctionBackend:
 NAMED = {
     "triton": "harness.backends.triton.backend:TritonBackend",
     "vllm-mrv2": "harness.backends.vllm.drafting:VllmMrv2DrafterBackend",  # MRV2's verifier, and its drafter when asked
-    "vllm-v1": "harness.backends.vllm.v1:VllmV1Backend",
+    "vllm-v1": "harness.backends.vllm.v1_drafting:VllmV1DrafterBackend",  # V1's verifier, and its proposers' drafting when asked
 }
 
 
