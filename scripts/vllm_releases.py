@@ -201,7 +201,7 @@ def releases_table(doc: dict) -> list[dict]:
             row.setdefault("api_drift", r["message"])
         elif r["verdict"] == "pass":
             row["passed"] += 1
-        elif r["verdict"] == "skip":
+        elif r["verdict"] == "skipped":
             row["skipped"] += 1
         elif r["verdict"] in ("fail", "error"):
             row["failed"].append(

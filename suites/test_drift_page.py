@@ -170,6 +170,20 @@ def test_first_change_skips_drift_and_missing_releases(data):
     assert steady["changes"] == [] and steady["first_change"] is None and not steady["failing"]
 
 
+def test_a_declined_release_is_no_change(tmp_path):
+    """A release that declines a scenario (skipped) sits between two verdicts: pass, skipped,
+    fail is one change, at the fail; pass, skipped, pass is none."""
+    path = str(tmp_path / "h.sqlite")
+    for day, (release, first, second) in enumerate(
+        [("0.19.1", "pass", "pass"), ("0.20.2", "skipped", "skipped"), ("0.21.0", "fail", "pass")], 1
+    ):
+        b = _backend("vllm-mrv2", release)
+        append_run(path, _doc(release, [_record(b, "a", "outcome-law", first), _record(b, "b", "outcome-law", second)], day), release)
+    data = analyse(*load(path))
+    assert _row(data, "vllm-mrv2", "a", "outcome-law")["changes"] == [{"at": 2, "from": "pass", "to": "fail"}]
+    assert _row(data, "vllm-mrv2", "b", "outcome-law")["changes"] == []
+
+
 def test_drift_cells_cover_what_could_not_bind(data):
     m = data["matrix"]
     for row in (r for r in m["rows"] if r["impl"] == "vllm-mrv2"):

@@ -32,6 +32,7 @@ import math
 from packaging.version import InvalidVersion, Version
 
 from harness.evidence.history import load
+from harness.evidence.records import Verdict
 from harness.report.html import page
 
 DRIFT = "drift"  # a cell whose record is an api-drift error: the adapter could not bind
@@ -191,7 +192,7 @@ def release_matrix(runs: list[dict], records: list[dict], index: dict[int, int])
                 cell["w"] = covers
             cells.append(cell)
             seen.add(s)
-            if s in (DRIFT, "skip"):  # a declined scenario says nothing of the distribution either
+            if s in (DRIFT, Verdict.SKIPPED):  # a declined scenario says nothing of the distribution either
                 continue
             if previous is not None and s != previous:
                 changes.append({"at": j, "from": previous, "to": s})
