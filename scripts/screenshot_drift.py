@@ -164,11 +164,7 @@ def shoot(history: str, out: str, width=1920, height=1250, only_failures=True, h
                     page.wait_for_timeout(400)  # the panel's chart
                 os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
                 page.screenshot(path=out)
-                info = {
-                    "render_ms": page.evaluate("window.__driftRenderMs"),
-                    "shown": page.text_content("#matrix-count"),
-                    "errors": errors,
-                }
+                info = {"shown": page.text_content("#matrix-count"), "errors": errors}
             finally:
                 context.close()
     return info
@@ -187,7 +183,7 @@ def main(argv=None) -> int:
     if args.synthetic:
         synthetic_history(args.history)
     info = shoot(args.history, args.out, args.width, args.height, not args.all_rows, args.html)
-    print(f"{args.out}: {info['shown']}; page rendered in {info['render_ms']:.0f} ms")
+    print(f"{args.out}: {info['shown']}")
     if info["errors"]:
         print("console errors:\n" + "\n".join(info["errors"]), file=sys.stderr)
         return 1

@@ -232,6 +232,7 @@ def _write_table(doc: dict, args) -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(table, indent=1) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "vllm-releases.md").write_text(markdown(table))
     print(markdown(table))
 
