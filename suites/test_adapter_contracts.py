@@ -16,7 +16,7 @@ the reference on none.
 
 Releases other than the installed one run in a subprocess from python-only trees (one vLLM
 per process): ``vendor/vllm-X`` or ``SPECDEC_VLLM_TREES``, built by ``python
-scripts/vllm_releases.py prepare --releases 0.19.1,0.20.2,0.21.0,0.24.0,0.27.1,0.34.0`` (one tree
+scripts/vllm_releases.py prepare --releases 0.19.1,0.20.2,0.21.0,0.22.1,0.24.0,0.27.1,0.34.0`` (one tree
 per API era); their tests skip, saying so, without them.
 """
 
