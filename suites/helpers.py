@@ -494,3 +494,29 @@ def failing_checks(dotted: str, scenario, profile, device: str = "cpu") -> list[
         for r in result.records
         if r.verdict in ("fail", "error")
     ]
+
+
+# --- drafter backends (suites/test_*drafting.py) -------------------------------------------------
+def engine_batch(
+    seed, n=10, vocab=12, draft_vocab=None, sampling="probabilistic", temps=(0.9, 1.3, 0.0), dtype="float32", scattered_slots=False
+):
+    """n requests of 0-4 drafts for a drafter backend to draw (``draft_tokens`` -1); with
+    ``scattered_slots``, at random state slots out of 3 n."""
+    import dataclasses
+
+    from harness.scenarios.materialize import round_to_dtype
+    from reference.methods import Method
+
+    rng = np.random.default_rng(seed)
+    requests = []
+    for i in range(n):
+        d = int(rng.integers(0, 5)) if i else 3
+        target = rng.normal(0.0, 1.5, (d + 1, vocab))
+        draft = round_to_dtype(target[:d, : draft_vocab or vocab] + rng.normal(0.0, 0.7, (d, draft_vocab or vocab)), dtype)
+        requests.append(
+            dict(target=round_to_dtype(target, dtype), drafts=np.full(d, -1), draft=draft, temperature=float(temps[i % len(temps)]),
+                 seed=int(rng.integers(1 << 62)), position=int(rng.integers(1 << 20)), method=Method.STANDARD)
+        )  # fmt: skip
+    batch = build_batch(requests, vocab, draft_vocab)
+    slots = rng.permutation(3 * n)[:n] if scattered_slots else batch.request_slots
+    return dataclasses.replace(batch, draft_sampling=sampling, request_slots=slots, logits_dtype=dtype).validate()

@@ -39,8 +39,7 @@ from harness.scenarios.catalog import catalog, find
 from harness.scenarios.profiles import get_profile
 from harness.scenarios.scenario import RequestSpec, Scenario
 from harness.scenarios.strategies import without_mates
-from reference.methods import Method
-from suites.helpers import assert_same_outputs, build_batch
+from suites.helpers import assert_same_outputs, engine_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy on -inf lanes in the interpreter
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,23 +151,9 @@ def salted(drafter):
     return drafter
 
 
-def _engine_batch(seed, n=10, vocab=12, draft_vocab=None, sampling="probabilistic", temps=(0.9, 1.3, 0.0), dtype="float32"):
-    """n requests of 0-4 drafts for the backend to draw (``draft_tokens`` -1), at scattered slots."""
-    from harness.scenarios.materialize import round_to_dtype
-
-    rng = np.random.default_rng(seed)
-    requests = []
-    for i in range(n):
-        d = int(rng.integers(0, 5)) if i else 3
-        target = rng.normal(0.0, 1.5, (d + 1, vocab))
-        draft = round_to_dtype(target[:d, : draft_vocab or vocab] + rng.normal(0.0, 0.7, (d, draft_vocab or vocab)), dtype)
-        requests.append(
-            dict(target=round_to_dtype(target, dtype), drafts=np.full(d, -1), draft=draft, temperature=float(temps[i % len(temps)]),
-                 seed=int(rng.integers(1 << 62)), position=int(rng.integers(1 << 20)), method=Method.STANDARD)
-        )  # fmt: skip
-    batch = build_batch(requests, vocab, draft_vocab)
-    slots = rng.permutation(3 * n)[:n]
-    return dataclasses.replace(batch, draft_sampling=sampling, request_slots=slots, logits_dtype=dtype).validate()
+def _engine_batch(seed, **kw):
+    """At scattered state slots, as the engine's are."""
+    return engine_batch(seed, scattered_slots=True, **kw)
 
 
 def _drafts(backend, batch):

@@ -46,9 +46,8 @@ from harness.scenarios.profiles import get_profile
 from harness.scenarios.scenario import RequestSpec, Scenario
 from harness.scenarios.strategies import without_mates
 from reference.distributions import pad_vocab, softmax_rows
-from reference.methods import Method
 from reference.rng import hash64
-from suites.helpers import assert_same_outputs, build_batch, failing_checks, first_batch, vllm_backend
+from suites.helpers import assert_same_outputs, engine_batch, failing_checks, first_batch, vllm_backend
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy on -inf lanes in the interpreter
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,23 +93,6 @@ def probabilistic(drafter):
     if not drafter.era.probabilistic:
         pytest.skip(f"vLLM {drafter.era.releases}'s V1 has no probabilistic drafting")
     return drafter
-
-
-def _engine_batch(seed, n=10, vocab=12, draft_vocab=None, sampling="probabilistic", temps=(0.9, 1.3, 0.0), dtype="float32"):
-    """n requests of 0-4 drafts for the backend to draw (``draft_tokens`` -1)."""
-    from harness.scenarios.materialize import round_to_dtype
-
-    rng = np.random.default_rng(seed)
-    requests = []
-    for i in range(n):
-        d = int(rng.integers(0, 5)) if i else 3
-        target = rng.normal(0.0, 1.5, (d + 1, vocab))
-        draft = round_to_dtype(target[:d, : draft_vocab or vocab] + rng.normal(0.0, 0.7, (d, draft_vocab or vocab)), dtype)
-        requests.append(
-            dict(target=round_to_dtype(target, dtype), drafts=np.full(d, -1), draft=draft, temperature=float(temps[i % len(temps)]),
-                 seed=int(rng.integers(1 << 62)), position=int(rng.integers(1 << 20)), method=Method.STANDARD)
-        )  # fmt: skip
-    return dataclasses.replace(build_batch(requests, vocab, draft_vocab), draft_sampling=sampling, logits_dtype=dtype).validate()
 
 
 def _drafts(backend, batch):
@@ -176,7 +158,7 @@ def test_drafts_are_v1s_function_at_the_verifying_rows_key(probabilistic, handed
     generator seeded from hash64(seed, pos of the verifying row, DRAFTER_KEY), gives the draft,
     and the probabilities the verifier got, bit for bit."""
     drafter = probabilistic
-    batch = _engine_batch(1, dtype=dtype, draft_vocab=draft_vocab)
+    batch = engine_batch(1, dtype=dtype, draft_vocab=draft_vocab)
     tokens, emitted, drafts = _drafts(drafter, batch)
     owner, _, _, keys = _layout(batch)
     rows = _rows(batch)
@@ -198,7 +180,7 @@ def test_drafts_above_max_generators_are_one_call_per_step(probabilistic):
     """Above ``max_generators`` requests: one call per draft step over the requests with more
     than ``j`` drafts, the generator seeded from the XOR of the step's keys."""
     drafter = probabilistic
-    batch = _engine_batch(7, n=drafter.max_generators + 20, vocab=6)
+    batch = engine_batch(7, n=drafter.max_generators + 20, vocab=6)
     drafts, probs = drafter.draw(batch)
     owner, step, _, keys = _layout(batch)
     rows = _rows(batch)
@@ -211,7 +193,7 @@ def test_drafts_above_max_generators_are_one_call_per_step(probabilistic):
 
 def test_drafts_are_keyed_by_seed_and_position_only(probabilistic):
     drafter = probabilistic
-    batch = _engine_batch(2)
+    batch = engine_batch(2)
     drafts = drafter.draw(batch)[0].numpy()
     counts = np.diff(batch.cu_num_drafts)
     order = np.r_[0, np.arange(1, batch.num_requests)[::-1]]  # request 0 (3 drafts) first, its mates reversed
@@ -232,7 +214,7 @@ def test_drafts_are_keyed_by_seed_and_position_only(probabilistic):
 def test_greedy_drafts_are_the_argmax_verified_as_point_masses(drafter, handed, sampling, temps):
     """draft_sample_method "greedy" (any T), and a probabilistic batch of T = 0 requests only
     (the proposer's all_greedy path): the argmax, and the verifier gets no draft probabilities."""
-    batch = _engine_batch(4, sampling=sampling, temps=temps)
+    batch = engine_batch(4, sampling=sampling, temps=temps)
     tokens, emitted, drafts = _drafts(drafter, batch)
     np.testing.assert_array_equal(drafts, np.argmax(batch.draft_logits, axis=1))
     assert handed == [None]
@@ -242,7 +224,7 @@ def test_greedy_drafts_are_the_argmax_verified_as_point_masses(drafter, handed, 
 
 
 def test_batch_without_draft_sampling_takes_the_parents_path(drafter):
-    batch = _engine_batch(5)
+    batch = engine_batch(5)
     drafts = drafter.draw(batch)[0].numpy()
     plain = dataclasses.replace(batch, draft_sampling=None, draft_tokens=drafts)
     out = drafter.sample(plain)
@@ -261,8 +243,8 @@ def test_registered_as_vllm_v1():
 def test_release_without_probabilistic_drafting_declines(drafter):
     old = object.__new__(v1_drafting.VllmV1DrafterBackend)
     old.__dict__.update(drafter.__dict__, era=v1_drafting.ERAS[0])
-    assert "draft only the argmax" in old.supports(_engine_batch(6))
-    assert old.supports(_engine_batch(6, sampling="greedy")) is None
+    assert "draft only the argmax" in old.supports(engine_batch(6))
+    assert old.supports(engine_batch(6, sampling="greedy")) is None
 
 
 def test_probabilistic_drafting_under_another_method_declines(drafter):
