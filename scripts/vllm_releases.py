@@ -3,7 +3,7 @@
     # where the package index is reachable: the python-only trees, and one file to carry
     python scripts/vllm_releases.py prepare [--releases 0.19.1,...] [--wheels DIR] --pack vendor/vllm-trees.tar.xz
     # anywhere (an air-gapped GPU machine too): unpack the trees, verify, append, tabulate
-    python scripts/vllm_releases.py run --trees vendor/vllm-trees.tar.xz --profile gpu --device cuda \\
+    python scripts/vllm_releases.py run --trees vendor/vllm-trees.tar.xz --unpack-to vendor --profile gpu --device cuda \\
         --history reports/releases.sqlite --out reports/releases --json docs/data/vllm-releases.json
     # the table again from a run's results.json (no sampling)
     python scripts/vllm_releases.py table reports/releases/run --json docs/data/vllm-releases.json
