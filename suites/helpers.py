@@ -4,6 +4,7 @@ import ast
 import copy
 import functools
 import importlib.util
+import inspect
 import math
 import re
 import shutil
@@ -469,6 +470,20 @@ V1_CASES = {
 
 
 # --- vLLM adapters on the CPU (suites/test_vllm*.py) ---------------------------------------------
+def wrapped(fn, change):
+    """``fn`` with its bound arguments passed through ``change`` first (same signature): vLLM's
+    function made to break, or watched keeping, a convention."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        change(bound.arguments)
+        return fn(*bound.args, **bound.kwargs)
+
+    return call
+
+
 def vllm_backend(module, cls_name):
     """An adapter of ``harness.backends.vllm``, or a skip naming why vLLM is not usable here."""
     ok, why = module.availability()

@@ -22,8 +22,6 @@ per API era); their tests skip, saying so, without them.
 
 import copy
 import dataclasses
-import functools
-import inspect
 import json
 import os
 import subprocess
@@ -38,6 +36,7 @@ from harness.backends.vllm import v1 as vllm_v1
 from harness.run.runner import run
 from harness.scenarios.profiles import get_profile
 from harness.scenarios.scenario import RequestSpec, Scenario
+from suites.helpers import wrapped
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = Path(os.environ.get("SPECDEC_VLLM_TREES", ROOT / "vendor"))
@@ -120,19 +119,6 @@ CHANGES = {
     "v1-target-divided-again": (V1_MODULE, "rejection_sample", _v1_target_divided_again),
     "v1-draft-probs-tempered-again": (V1_MODULE, "rejection_sample", _v1_draft_probs_tempered_again),
 }
-
-
-def wrapped(fn, change):
-    """``fn`` with its bound arguments passed through ``change`` first (same signature)."""
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        change(bound.arguments)
-        return fn(*bound.args, **bound.kwargs)
-
-    return call
 
 
 def _install(change: str | None, setattr_=setattr):

@@ -18,8 +18,6 @@ when vLLM breaks it:
 """
 
 import dataclasses
-import functools
-import inspect
 import json
 import os
 import subprocess
@@ -39,7 +37,7 @@ from harness.scenarios.catalog import catalog, find
 from harness.scenarios.profiles import get_profile
 from harness.scenarios.scenario import RequestSpec, Scenario
 from harness.scenarios.strategies import without_mates
-from suites.helpers import assert_same_outputs, engine_batch
+from suites.helpers import assert_same_outputs, engine_batch, wrapped
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy on -inf lanes in the interpreter
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,16 +84,7 @@ CHANGES = {"unsalted": _unsalted, "untempered": _untempered, "caches-divided": _
 
 def _install(change, setattr_=setattr):
     module = vllm_env.import_vllm(GUMBEL)
-    fn = module.gumbel_sample
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        CHANGES[change](bound.arguments)
-        return fn(*bound.args, **bound.kwargs)
-
-    setattr_(module, "gumbel_sample", call)
+    setattr_(module, "gumbel_sample", wrapped(module.gumbel_sample, CHANGES[change]))
 
 
 def verdicts(scenario_json: str, tv: float, alpha: float, device: str = "cpu", change: str | None = None) -> dict:

@@ -47,7 +47,7 @@ from harness.scenarios.scenario import RequestSpec, Scenario
 from harness.scenarios.strategies import without_mates
 from reference.distributions import pad_vocab, softmax_rows
 from reference.rng import hash64
-from suites.helpers import assert_same_outputs, engine_batch, failing_checks, first_batch, vllm_backend
+from suites.helpers import assert_same_outputs, engine_batch, failing_checks, first_batch, vllm_backend, wrapped
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy on -inf lanes in the interpreter
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,14 +139,8 @@ def _call(drafter, rows, meta, key):
 @pytest.fixture
 def handed(drafter, monkeypatch):
     """The ``draft_probs`` each call of vLLM's rejection_sample got."""
-    seen, verify = [], drafter._verifier
-    signature = inspect.signature(verify)
-
-    def record(*args, **kwargs):
-        seen.append(signature.bind(*args, **kwargs).arguments["draft_probs"])
-        return verify(*args, **kwargs)
-
-    monkeypatch.setattr(drafter, "_verifier", record)
+    seen = []
+    monkeypatch.setattr(drafter, "_verifier", wrapped(drafter._verifier, lambda a: seen.append(a["draft_probs"])))
     return seen
 
 
@@ -402,19 +396,14 @@ def _keyed_as_the_verifier(fn, logits, metadata, *rest):
     return fn(logits, metadata, *rest)
 
 
+def _no_draft_probs(a):
+    a["draft_probs"] = None
+
+
 def _break(monkeypatch, change):
     if change == "verified-one-hot":  # V1's runner handing its verifier draft_probs=None (#40149)
         module = vllm_env.import_vllm(REJECTION)
-        verify = module.rejection_sample
-        signature = inspect.signature(verify)
-
-        @functools.wraps(verify)
-        def one_hot(*args, **kwargs):
-            bound = signature.bind(*args, **kwargs)
-            bound.arguments["draft_probs"] = None
-            return verify(*bound.args, **bound.kwargs)
-
-        monkeypatch.setattr(module, "rejection_sample", one_hot)
+        monkeypatch.setattr(module, "rejection_sample", wrapped(module.rejection_sample, _no_draft_probs))
     else:
         _wrap_draft_fn(monkeypatch, {"untempered": _untempered, "keyed-as-the-verifier": _keyed_as_the_verifier}[change])
 
