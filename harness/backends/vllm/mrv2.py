@@ -121,9 +121,8 @@ def _discover():
         raw = draft_logits_raw(version, gumbel_params)
         cache_class = _draft_logits_cache_class() if wrap else None
         vllm_env.triton_ready()
-        api = _CurrentApi(utils.rejection_sample, version, raw, TRUNCATES_TARGET.holds(version), processing.Processor(version, True))
-        api.cache_class = cache_class
-        return api
+        processor = processing.Processor(version, True)
+        return _CurrentApi(utils.rejection_sample, version, raw, TRUNCATES_TARGET.holds(version), processor, cache_class)
     probabilistic_020 = vllm_env.optional_module(_PROBABILISTIC_020)
     legacy = vllm_env.optional_module(_LEGACY)
     if probabilistic_020 is not None or (legacy is not None and hasattr(legacy, "strict_rejection_sample")):
@@ -183,9 +182,10 @@ def _per_method_api(version, gumbel, gumbel_params, legacy, probabilistic_020) -
     # 0.21.0 declares draft_logits optional ("torch.Tensor | None"): one-hot drafts when None.
     optional = "None" in str(inspect.signature(probabilistic).parameters["draft_logits"].annotation)
     vllm_env.triton_ready()
-    api = _PerMethodApi(probabilistic, strict, synthetic, rates, optional, gumbel.gumbel_sample, processing.Processor(version, True))
-    api.description = f"{where}.probabilistic_rejection_sample{' + strict' if strict else ''}{' + synthetic' if synthetic else ''} (vLLM {version or 'of undeclared version'}: draft logits divided by T)"
-    return api
+    entry_points = f"{where}.probabilistic_rejection_sample{' + strict' if strict else ''}{' + synthetic' if synthetic else ''}"
+    description = f"{entry_points} (vLLM {version or 'of undeclared version'}: draft logits divided by T)"
+    processor = processing.Processor(version, True)
+    return _PerMethodApi(probabilistic, strict, synthetic, rates, optional, gumbel.gumbel_sample, description, processor)
 
 
 def availability() -> tuple[bool, str]:
@@ -371,7 +371,7 @@ def _processor(api) -> processing.Processor:
 
 # --- 0.22 .. 0.33 API ----------------------------------------------------------------------
 class _CurrentApi:
-    def __init__(self, fn, version: Version | None, draft_raw: bool, truncates: bool | None, processor=None):
+    def __init__(self, fn, version: Version | None, draft_raw: bool, truncates: bool | None, processor=None, cache_class=None):
         self.fn = fn
         self.processor = processor  # vLLM's min-p and top-k/top-p (processing.Processor); None: bound when needed
         self.params = vllm_env.parameters(fn)
@@ -379,7 +379,7 @@ class _CurrentApi:
         self.draft_raw = draft_raw  # the cache holds raw logits, the kernels divide (DRAFT_LOGITS_RAW)
         self.truncates = truncates  # the kernels cut the target to the cache's width; None: unknown (TRUNCATES_TARGET)
         self.use_fp64 = False
-        self.cache_class = None  # 0.34.0: the draft cache goes in a DraftLogitsCache
+        self.cache_class = cache_class  # 0.34.0: the draft cache goes in a DraftLogitsCache
         self.memo = LogitsMemo()  # logits-derived tensors, reused across a device batch's chunks
         cache = "raw draft logits, divided by T in the kernels" if draft_raw else "draft logits divided by T"
         self.description = f"{_UTILS}.rejection_sample (vLLM {version or 'of undeclared version'}: {cache})"
@@ -444,9 +444,8 @@ class _PerMethodApi:
     from the engine's sampler: ``Sampler.sample`` runs ``apply_sampling_params`` (temperature,
     min-p, top-k/top-p) and then ``gumbel_sample(processed, apply_temperature=False)``."""
 
-    description = ""
-
-    def __init__(self, probabilistic, strict, synthetic, rates, optional_draft, gumbel_sample, processor=None):
+    def __init__(self, probabilistic, strict, synthetic, rates, optional_draft, gumbel_sample, description, processor=None):
+        self.description = description
         self.probabilistic, self.strict, self.synthetic, self.gumbel_sample = probabilistic, strict, synthetic, gumbel_sample
         self.rates = rates  # "geometric" (0.19: one base rate and decay) or "conditional" (0.20-0.21: a rate per step)
         self.optional_draft = optional_draft  # probabilistic_rejection_sample takes draft_logits=None (one-hot drafts)
