@@ -60,6 +60,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--history", help="append this run to a history file (SQLite), e.g. reports/history.sqlite")
     r.add_argument("--label", help="a label for this run in the history (e.g. 'vllm main abc123')")
+    e = sub.add_parser("engine", help="verify a whole engine end to end: Hugging Face assisted generation at T > 0")
+    e.add_argument(
+        "--engine",
+        action="append",
+        help="hf (this environment's transformers), hf@SITE (a release in SITE: pip install --target SITE transformers==X) or hf-fault:NAME (repeatable; default: hf)",
+    )
+    e.add_argument("--profile", default="smoke", help="smoke, ci, gpu or nightly: alpha, power and the TV to detect (default: smoke)")
+    e.add_argument(
+        "--tv", type=float, help="detect this TV instead of the profile's (fewer trials on a small machine: the record states it)"
+    )
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--scenario", action="append", help="engine catalog scenario (repeatable; default: all)")
+    e.add_argument("--workers", type=int, default=0, help="processes per engine (default: one per CPU)")
+    e.add_argument("--timeout", type=float, default=3600.0, help="seconds one worker process may run (default: 3600)")
+    e.add_argument("--out", default="reports/engine", help="output directory (default: reports/engine)")
+    e.add_argument("--history", help="append this run to a history file (SQLite)")
+    e.add_argument("--label", help="a label for this run in the history")
     rp = sub.add_parser("report", help="build the drift page from a history")
     rp.add_argument("--history", required=True, help="history file written by 'run --history'")
     rp.add_argument("--out", required=True, help="HTML file to write")
@@ -128,6 +145,7 @@ def main(argv=None) -> int:
     try:
         commands = {
             "run": _run,
+            "engine": _engine,
             "faults": _faults,
             "calibrate": _calibrate,
             "peers": _peers,
@@ -188,7 +206,7 @@ def _select_scenarios(args, profile):
 
 def _run(args) -> int:
     from harness.gpus import cuda_available
-    from harness.report.outputs import summary_table, write_outputs
+    from harness.report.outputs import summary_table
     from harness.run.runner import run
     from harness.scenarios.profiles import get_profile
     from harness.scenarios.scenario import check_seed, did_you_mean
@@ -240,6 +258,13 @@ def _run(args) -> int:
     finally:
         close()
     print(summary_table(result))
+    return _finish(result, args)
+
+
+def _finish(result, args) -> int:
+    """Print the verdict, write the outputs and the history entry; the exit code."""
+    from harness.report.outputs import write_outputs
+
     code, verdict = _verdict(result)
     print(verdict)
     try:
@@ -260,6 +285,35 @@ def _run(args) -> int:
             return 2
         print(f"history: {args.history} (run {run_id})")
     return code
+
+
+def _engine(args) -> int:
+    from harness.engines.run import parse_engine, run_engines
+    from harness.engines.scenario import CATALOG, catalog_scenario
+    from harness.report.outputs import summary_table
+    from harness.scenarios.profiles import get_profile
+    from harness.scenarios.scenario import check_seed
+
+    profile = get_profile(args.profile)
+    check_seed(args.seed, "--seed")
+    if args.tv is not None and not 0 < args.tv < 1:
+        raise UsageError(f"--tv: expected a total variation in (0, 1), got {args.tv}")
+    if args.workers < 0:
+        raise UsageError(f"--workers: expected a number of processes >= 0 (0: one per CPU), got {args.workers}")
+    if not 0 < args.timeout < float("inf"):
+        raise UsageError(f"--timeout: expected a positive, finite number of seconds, got {args.timeout}")
+    engines = args.engine or ["hf"]
+    for name in engines:
+        parse_engine(name)  # ValueError: a usage error
+    scenarios = [catalog_scenario(name) for name in args.scenario] if args.scenario else list(CATALOG)
+    check_output_folder(args.out)
+    if args.history:
+        from harness.evidence.history import check_history
+
+        check_history(args.history)
+    result = run_engines(engines, scenarios, profile, args.seed, args.tv, args.workers, args.timeout)
+    print(summary_table(result))
+    return _finish(result, args)
 
 
 def _verdict(result) -> tuple[int, str]:

@@ -154,7 +154,7 @@ def _cells_summary(label, observed, expected, bins, limit=12, pooled=None, impos
     return rows
 
 
-def _gof(name, template, probs, label, profile, source, segments=None, reach=None) -> Check:
+def gof_check(name, template, probs, label, profile, source, segments=None, reach=None) -> Check:
     """A chi-square check over ``probs`` cells (conditional per segment when ``segments``)."""
     probs = np.asarray(probs, dtype=np.float64).ravel()
     seg = np.zeros(probs.size, dtype=np.int64) if segments is None else segments.ravel()
@@ -220,7 +220,9 @@ def _draft_check(i, drafter_law, profile) -> Check:
     must draw from (product multinomial, one per step; exact for an argmax drafter)."""
     d, vocab = drafter_law.shape
     seg = np.repeat(np.arange(d), vocab).reshape(d, vocab)
-    return _gof("draft-law", i, drafter_law, lambda cell: f"step {cell // vocab} draft={cell % vocab}", profile, _drafted, seg, np.ones(d))
+    return gof_check(
+        "draft-law", i, drafter_law, lambda cell: f"step {cell // vocab} draft={cell % vocab}", profile, _drafted, seg, np.ones(d)
+    )
 
 
 def _drafted(tally: TemplateTally) -> np.ndarray:
@@ -262,14 +264,14 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
             continue
         if t.drafts is not None:
             law = laws.fixed_draft_law(t.method, target, visible, t.drafts[:d_eff], rates)
-            checks.append(_gof("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
+            checks.append(gof_check("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
         elif t.method is Method.BLOCK:
             try:
                 law = laws.sampled_draft_law(t.method, target, t.sampling_probs()[:d_eff], scenario.draft_probs)
             except ValueError as e:
                 checks.append(_skipped("outcome-law", i, str(e)))
                 continue
-            checks.append(_gof("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
+            checks.append(gof_check("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
         else:
             steps = laws.position_laws(t.method, target, t.sampling_probs()[:d_eff], scenario.draft_probs, rates)
             law = np.zeros((d_eff + 1, vocab))
@@ -278,7 +280,7 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
                 law[j] = reach[j] * steps[j, 1]
             law[d_eff] = reach[d_eff] * target[d_eff]
             seg = np.repeat(np.arange(d_eff + 1), 2 * vocab).reshape(d_eff + 1, 2, vocab)
-            checks.append(_gof("position-law", i, steps, _step_label(d_eff, vocab), profile, _steps, seg, reach))
+            checks.append(gof_check("position-law", i, steps, _step_label(d_eff, vocab), profile, _steps, seg, reach))
         if d_eff > 0:
             checks.append(_length_check(i, law.sum(axis=-1), profile))
         if t.draft_sampling is not None and d_eff > 0:
@@ -328,7 +330,7 @@ def _structure_check(i, profile) -> Check:
 
 
 def _length_check(i, length_law, profile) -> Check:
-    check = _gof("acceptance-length", i, length_law, lambda cell: f"accepted={cell}", profile, _lengths)
+    check = gof_check("acceptance-length", i, length_law, lambda cell: f"accepted={cell}", profile, _lengths)
     inner = check.evaluate
 
     def evaluate(tally: TemplateTally, rng) -> Outcome:
