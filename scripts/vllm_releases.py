@@ -9,7 +9,8 @@
     python scripts/vllm_releases.py table reports/releases/run --json docs/data/vllm-releases.json
 
 ``run`` verifies V1 and MRV2 of every release in ONE ``python -m harness run`` (``NAME@PATH``
-workers, one plan shared by all backends), then appends to the history one run per release
+workers, one plan shared by all backends; ``--group N``: N releases per run, one run after
+another, where one GPU cannot hold every worker's memory), then appends to the history one run per release
 (``vllm_version`` the release, its records only; the label the tree's folder name after
 ``vllm-``: the release, or "main" for ``vendor/vllm-main``), so the drift page puts releases in
 order. The JSON has one object per release and implementation: ``{"version",
@@ -118,27 +119,33 @@ def run(args) -> int:
     unknown = [i for i in impls if i not in IMPLEMENTATIONS]
     if unknown:
         _usage(f"--implementations: unknown {', '.join(unknown)} (known: {', '.join(IMPLEMENTATIONS)})")
-    backends = [f"{IMPLEMENTATIONS[i]}@{_relative(by_version[v])}" for v in wanted for i in impls]
-    out = args.out / "run"
-    if out.exists():
-        shutil.rmtree(out)
-    cmd = [sys.executable, "-m", "harness", "run", "--profile", args.profile, "--device", args.device, "--out", str(out)]
-    cmd += ["--seed", str(args.seed), "--no-progress", "--timeout", str(args.timeout)]
-    for b in backends:
-        cmd += ["--backend", b]
-    for s in args.scenario or ():
-        cmd += ["--scenario", s]
-    for s in args.exclude or ():
-        cmd += ["--exclude", s]
-    code = subprocess.run(cmd, cwd=ROOT).returncode
-    if not (out / "results.json").is_file():
-        return code or 2
-    doc = read_run_document(str(out))
-    if args.history:
-        for label, sub in split_by_release(doc).values():
-            append_run(str(args.history), sub, label=label)
-    _write_table(doc, args)
-    return code
+    if args.group < 0:
+        _usage(f"--group: expected a number of releases per run >= 0 (0: all in one), got {args.group}")
+    size = args.group or len(wanted)
+    groups = [wanted[i : i + size] for i in range(0, len(wanted), size)]
+    runs = [args.out / ("run" if len(groups) == 1 else f"run-{k + 1}") for k in range(len(groups))]
+    for out in [args.out / "run", *(args.out.glob("run-*") if args.out.is_dir() else ())]:
+        shutil.rmtree(out, ignore_errors=True)
+    codes, docs = [], []
+    for versions, out in zip(groups, runs):
+        backends = [f"{IMPLEMENTATIONS[i]}@{_relative(by_version[v])}" for v in versions for i in impls]
+        cmd = [sys.executable, "-m", "harness", "run", "--profile", args.profile, "--device", args.device, "--out", str(out)]
+        cmd += ["--seed", str(args.seed), "--no-progress", "--timeout", str(args.timeout)]
+        for b in backends:
+            cmd += ["--backend", b]
+        for sc in args.scenario or ():
+            cmd += ["--scenario", sc]
+        for sc in args.exclude or ():
+            cmd += ["--exclude", sc]
+        codes.append(subprocess.run(cmd, cwd=ROOT).returncode)
+        if not (out / "results.json").is_file():
+            return codes[-1] or 2
+        docs.append(read_run_document(str(out)))
+        if args.history:
+            for label, sub in split_by_release(docs[-1]).values():
+                append_run(str(args.history), sub, label=label)
+    _write_table({**docs[0], "records": [r for d in docs for r in d["records"]]}, args)
+    return 1 if 1 in codes else max(codes)
 
 
 def _relative(path: Path) -> str:
@@ -266,6 +273,13 @@ def main(argv=None) -> int:
     r.add_argument("--scenario", action="append", help="catalog scenario (repeatable; default: the whole catalog)")
     r.add_argument("--exclude", action="append", help="leave out this catalog scenario (repeatable)")
     r.add_argument("--timeout", type=float, default=900.0, help="a worker's limit per load or scenario (s)")
+    r.add_argument(
+        "--group",
+        type=int,
+        default=0,
+        help="releases per harness run, run one after another (default 0: all in one run); on a GPU every "
+        "backend's worker holds device memory, so a smaller GPU takes the releases in groups",
+    )
     r.add_argument("--history", type=Path, help="append one run per release to this history")
     r.add_argument("--out", type=Path, default=ROOT / "reports" / "releases")
     r.add_argument("--json", type=Path, help="write the per-release table as JSON here")

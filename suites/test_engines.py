@@ -68,10 +68,11 @@ def test_ensemble_law_is_the_lossless_law_when_the_draft_is_the_target():
 
 def test_current_release_end_to_end():
     """transformers as installed (5.20.2 pinned): the emitted law and the verifier's inputs
-    are exact at the smoke profile's power; the assistant draws its candidates at the
-    request's temperature applied twice (docs/verification-results.md), so ``drafter-law``
-    fails exactly where T != 1."""
-    result = run_engines(["hf"], list(CATALOG), get_profile("smoke"), workers=2)
+    are exact, at the power two CPU cores afford in the suite (TV 0.2: ~800 generate calls a
+    scenario; the smoke profile's TV 0.1 is docs/data/hf-releases.json); the assistant draws
+    its candidates at the request's temperature applied twice
+    (docs/verification-results.md), so ``drafter-law`` fails exactly where T != 1."""
+    result = run_engines(["hf"], list(CATALOG), get_profile("smoke"), tv=0.2, workers=2)
     verdicts = _verdicts(result)
     for s in CATALOG:
         for check in ("continuation-law", "verifier-q", "verifier-p"):
@@ -79,7 +80,7 @@ def test_current_release_end_to_end():
         expected = Verdict.PASS if s.sampling.temperature == 1.0 else Verdict.FAIL
         assert verdicts["hf", s.name, "drafter-law"] is expected, s.name
     law = [r for r in result.records if r.check == "continuation-law"]
-    assert all(r.detectable_tv <= 0.1 + 1e-9 and r.trials > 300 for r in law)
+    assert all(r.detectable_tv <= 0.2 + 1e-9 and r.trials > 300 for r in law)
 
 
 def test_engine_faults_are_caught():
@@ -87,7 +88,7 @@ def test_engine_faults_are_caught():
     this power, the continuation law."""
     engines = ["hf-fault:greedy-draft-soft-q", "hf-fault:q-before-processor", "hf-fault:target-top-k-skipped"]
     scenarios = [catalog_scenario("hf-close-draft"), catalog_scenario("hf-top-k-top-p")]
-    verdicts = _verdicts(run_engines(engines, scenarios, get_profile("smoke"), tv=0.25, workers=2))
+    verdicts = _verdicts(run_engines(engines, scenarios, get_profile("smoke"), tv=0.3, workers=2))
     assert verdicts[engines[0], "hf-close-draft", "verifier-q"] is Verdict.FAIL
     assert verdicts[engines[0], "hf-close-draft", "continuation-law"] is Verdict.FAIL
     assert verdicts[engines[1], "hf-top-k-top-p", "verifier-q"] is Verdict.FAIL

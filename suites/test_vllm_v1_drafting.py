@@ -484,12 +484,12 @@ def test_engine_scenario_passes_gpu(drafter, name, run_profile):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("change", [None, "keyed-as-the-verifier"])
-def test_drafters_noise_on_the_device_gpu(probabilistic, monkeypatch, change):
-    """On CUDA the drafter seeds the device's global generator: the noise scenario passes, and
-    fails with the drafter keyed as the verifier (per-draft calls: chunks of 256 requests)."""
-    if change:
-        _break(monkeypatch, change)
+def test_drafters_noise_on_the_device_gpu(probabilistic):
+    """On CUDA the drafter seeds the device's global generator: the noise scenario passes
+    (per-draft calls: chunks of 256 requests). The planted ``keyed-as-the-verifier`` is a CPU
+    fault only: on CPU one seed gives the drafter's ``exponential_`` and the verifier's
+    ``rand`` the same Mersenne-Twister stream; on CUDA the two Philox kernels map elements to
+    counters differently, and the position-law measured no bias at ``smoke`` (an H100,
+    torch 2.11): the same seed is not the same noise there."""
     profile = _per_draft_calls(get_profile("smoke"), NOISE_SCENARIO)
-    failed = {line.split("]")[1].split(":")[0].strip() for line in failing_checks(DRAFTER, NOISE_SCENARIO, profile, device="cuda")}
-    assert failed == ({"position-law"} if change else set())
+    assert not failing_checks(DRAFTER, NOISE_SCENARIO, profile, device="cuda")

@@ -159,6 +159,7 @@ def test_release_sweep_packs_trees_and_refuses_bad_input(tmp_path):
         ["run", "--trees", str(tmp_path / "absent")],
         ["run", "--trees", str(vendor), "--implementations", "v2"],
         ["run", "--trees", str(vendor), "--releases", "0.21.0"],
+        ["run", "--trees", str(vendor), "--group", "-1"],
         ["table", str(tmp_path / "absent.json")],
     ):
         proc = subprocess.run(script + bad, cwd=ROOT, capture_output=True, text=True)

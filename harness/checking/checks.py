@@ -101,7 +101,7 @@ class PooledCells:
         return counts[1:], int(counts[0])
 
 
-def _design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float = 1.0, segments: int = 1):
+def design_pooling(expected_probs: np.ndarray, profile: Profile, steps: float = 1.0, segments: int = 1):
     """(trials, pooled, df) for a chi-square test: pool at the trial count that the pooled df
     needs. ``pooled`` is a function returning the ``PooledCells``.
 
@@ -162,7 +162,7 @@ def gof_check(name, template, probs, label, profile, source, segments=None, reac
     possible = probs > 0
     n_seg = int(np.unique(seg[possible]).size) if segments is not None else int(possible.any())
     exact = int(possible.sum()) <= n_seg  # every segment is a point mass
-    design, get_pooled, df = _design_pooling(probs if reach is None else probs * reach[seg], profile, steps, n_seg)
+    design, get_pooled, df = design_pooling(probs if reach is None else probs * reach[seg], profile, steps, n_seg)
     if exact:
         design = power.exact_trials_for_rate(profile.power, profile.tv)
 
