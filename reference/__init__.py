@@ -30,4 +30,5 @@ The package defines no names of its own; its public API is in its modules:
 * ``reference.sampler``: ``ReferenceSampler``, the vectorized float64 reference sampler.
 * ``reference.rng``: counter-based float64 uniforms keyed by (seed, position, stream).
 * ``reference.synthetic``: closed forms of the lossy synthetic mode.
+* ``reference.typical``: typical acceptance (vLLM V0, Medusa): its rule and exact laws.
 """

@@ -10,6 +10,7 @@ class Method(IntEnum):
     STRICT = 1  # target samples y ~ target; accept iff y == draft
     BLOCK = 2  # Sun et al. 2024, block verification
     SYNTHETIC = 3  # lossy: forced conditional acceptance rates
+    TYPICAL = 4  # lossy: Medusa's typical acceptance as vLLM V0 has it (reference.typical)
 
     @classmethod
     def parse(cls, name: str) -> "Method":
@@ -21,4 +22,4 @@ class Method(IntEnum):
 
     @property
     def lossless(self) -> bool:
-        return self is not Method.SYNTHETIC
+        return self not in (Method.SYNTHETIC, Method.TYPICAL)

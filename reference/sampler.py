@@ -13,14 +13,14 @@ import dataclasses
 
 import numpy as np
 
-from reference import processing, rules
+from reference import processing, rules, typical
 from reference.distributions import RepeatingRows, pad_vocab, repeat_period, softmax_rows
 from reference.methods import Method
 from reference.rng import Stream, uniforms
 
 
 class ReferenceSampler:
-    """Greedy, strict, standard (with or without draft probabilities), block, synthetic."""
+    """Greedy, strict, standard (with or without draft probabilities), block, synthetic, typical."""
 
     stop_at_rejection = True  # a rejection ends the request's verification
     drafter = True  # draws its own drafts when a batch asks (``draft_sampling``)
@@ -50,6 +50,20 @@ class ReferenceSampler:
         if ids is None:
             return None
         return np.asarray(ids, dtype=np.int64), np.asarray(batch.logit_bias, dtype=np.float64)
+
+    def request_typical_params(self, batch) -> tuple[np.ndarray, np.ndarray]:
+        """Per-request typical acceptance ``(posterior_threshold, posterior_alpha)`` [B] each, from
+        the batch's ``posterior_threshold`` / ``posterior_alpha`` when it has them, else vLLM V0's
+        defaults (``reference.typical``)."""
+        n = len(batch.temperature)
+        out = []
+        for name, default in (
+            ("posterior_threshold", typical.DEFAULT_POSTERIOR_THRESHOLD),
+            ("posterior_alpha", typical.DEFAULT_POSTERIOR_ALPHA),
+        ):
+            value = getattr(batch, name, None)
+            out.append(np.full(n, default) if value is None else np.asarray(value, dtype=np.float64))
+        return out[0], out[1]
 
     def target_probs(self, logits: np.ndarray, temperature: np.ndarray) -> np.ndarray:
         return softmax_rows(logits, temperature)
@@ -123,6 +137,15 @@ class ReferenceSampler:
         drawn = rules.inverse_cdf(weights, u)
         return np.where(method == Method.STRICT, target_sample, drawn)
 
+    # --- typical acceptance (reference.typical) ----------------------------------------
+    def typical_accept(self, target_rows, x, posterior_threshold, posterior_alpha):
+        """Whether each request accepts its draft ``x``: ``p(x) > min(eps, delta * exp(-H))``."""
+        return typical.accepts(target_rows, x, posterior_threshold, posterior_alpha)
+
+    def typical_recovered(self, target_rows):
+        """The token emitted at the first rejection: the target row's argmax."""
+        return typical.recovered_tokens(target_rows)
+
     def bonus_row(self, row_start: np.ndarray, num_drafts: np.ndarray) -> np.ndarray:
         return row_start + num_drafts
 
@@ -178,7 +201,8 @@ class ReferenceSampler:
         tokens = np.full((num_reqs, width), -1, dtype=np.int64)
         emitted = np.zeros(num_reqs, dtype=np.int64)
         block = methods == Method.BLOCK
-        chain = ~block
+        typical_reqs = methods == Method.TYPICAL
+        chain = ~block & ~typical_reqs
         if chain.any():
             self._verify_chain(
                 np.flatnonzero(chain), target, draft, drafts, starts, row_start, num_drafts,
@@ -189,7 +213,39 @@ class ReferenceSampler:
                 np.flatnonzero(block), target, draft, drafts, starts, row_start, num_drafts,
                 seeds, positions, tokens, emitted,
             )  # fmt: skip
+        if typical_reqs.any():
+            self._verify_typical(
+                np.flatnonzero(typical_reqs), target, drafts, starts, row_start, num_drafts,
+                seeds, positions, self.request_typical_params(batch), tokens, emitted,
+            )  # fmt: skip
         return tokens, emitted
+
+    def _verify_typical(self, reqs, target, drafts, starts, row_start, num_drafts,
+                        seeds, positions, params, tokens, emitted):  # fmt: skip
+        """Typical acceptance: drafts kept up to the first one the rule rejects, whose row's
+        argmax is emitted in its place; when all are kept, the bonus row is sampled."""
+        eps, delta = params
+        verifying = np.ones(reqs.size, dtype=bool)
+        for step in range(int(num_drafts[reqs].max(initial=0))):
+            live = verifying & (step < num_drafts[reqs])
+            if not live.any():
+                break
+            r = reqs[live]
+            rows = row_start[r] + step
+            x = drafts[starts[r] + step]
+            target_rows = target[rows]
+            ok = self.typical_accept(target_rows, x, eps[r], delta[r])
+            tokens[r[ok], step] = x[ok]
+            bad = ~ok
+            if bad.any():
+                tokens[r[bad], step] = self.typical_recovered(target_rows[bad])
+                verifying[np.flatnonzero(live)[bad]] = False
+            emitted[r] = step + 1
+        done = reqs[verifying]
+        rows = self.bonus_row(row_start[done], num_drafts[done])
+        u = uniforms(seeds[done], positions[rows], Stream.RESIDUAL)
+        tokens[done, num_drafts[done]] = self.bonus_token(target[rows], u)
+        emitted[done] = num_drafts[done] + 1
 
     def _verify_chain(self, reqs, target, draft, drafts, starts, row_start, num_drafts,
                       seeds, positions, methods, rates, tokens, emitted):  # fmt: skip

@@ -10,6 +10,7 @@ import numpy as np
 
 from reference import rules
 from reference import synthetic as synth
+from reference import typical
 from reference.distributions import degenerate_rows, softmax_rows
 from reference.methods import Method
 from reference.rng import Stream, uniforms
@@ -410,6 +411,16 @@ class GreedyDraftsVerifiedWithProbs(ReferenceSampler):
         return (*self.verify(dataclasses.replace(batch, draft_tokens=drafts, draft_sampling=None)), drafts)
 
 
+class TypicalThresholdMax(ReferenceSampler):
+    """Typical acceptance with ``max(epsilon, delta * exp(-H))`` as its threshold instead of the
+    min (vLLM V0's ``torch.minimum``): high-entropy rows reject drafts V0 accepts."""
+
+    def typical_accept(self, target_rows, x, posterior_threshold, posterior_alpha):
+        p_x = np.take_along_axis(np.asarray(target_rows), np.maximum(x, 0)[:, None], axis=-1)[:, 0]
+        thr = np.maximum(posterior_threshold, np.asarray(posterior_alpha) * np.exp(-typical.entropy(target_rows)))
+        return (x >= 0) & (p_x > thr)
+
+
 def torch_free_bfloat16(x: np.ndarray) -> np.ndarray:
     """``x`` rounded to bfloat16 (nearest even), as float64."""
     bits = np.asarray(x, dtype=np.float32).view(np.uint32)
@@ -455,4 +466,5 @@ FAULTS = {
     "drafter-after-processor": DrafterAfterProcessor,
     "drafter-other-precision": DrafterOtherPrecision,
     "greedy-drafts-verified-with-probs": GreedyDraftsVerifiedWithProbs,
+    "typical-threshold-max": TypicalThresholdMax,
 }

@@ -12,7 +12,7 @@ structure          exact. Every trial emits 1..d+1 in-vocabulary ids whose prefi
                    The only check for templates with degenerate (NaN or all-masked) rows.
 outcome-law        Chi-square test of (n accepted, emitted token) against the exact law: fixed
                    drafts, or the mixture over drafts for block verification. Exact when
-                   the law is a point mass (greedy).
+                   the law is a point mass (greedy; typical acceptance short of the bonus).
 position-law       drafts drawn per trial, chain methods: product-multinomial chi-square, one
                    multinomial per step over the trials that reach it, cells (accepted
                    draft y | rejected, emitted y). Together these are the whole output law.
@@ -36,7 +36,7 @@ from harness.sampling.tally import TemplateTally
 from harness.scenarios.materialize import Template
 from harness.scenarios.profiles import Profile
 from harness.scenarios.scenario import Scenario
-from reference import laws
+from reference import laws, typical
 from reference import synthetic as synth
 from reference.methods import Method
 
@@ -262,7 +262,10 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
                 if reach[j] > 0:
                     checks.append(_rate_check(i, j, float(rates[j]), float(reach[j]), profile))
             continue
-        if t.drafts is not None:
+        if t.drafts is not None and t.method is Method.TYPICAL:  # a point mass but for the bonus token
+            law = typical.fixed_draft_law(target, t.drafts[:d_eff], *scenario.typical_params)
+            checks.append(gof_check("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
+        elif t.drafts is not None:
             law = laws.fixed_draft_law(t.method, target, visible, t.drafts[:d_eff], rates)
             checks.append(gof_check("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
         elif t.method is Method.BLOCK:
@@ -273,7 +276,10 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
                 continue
             checks.append(gof_check("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
         else:
-            steps = laws.position_laws(t.method, target, t.sampling_probs()[:d_eff], scenario.draft_probs, rates)
+            if t.method is Method.TYPICAL:
+                steps = typical.position_laws(target, t.sampling_probs()[:d_eff], *scenario.typical_params)
+            else:
+                steps = laws.position_laws(t.method, target, t.sampling_probs()[:d_eff], scenario.draft_probs, rates)
             law = np.zeros((d_eff + 1, vocab))
             reach = np.cumprod(np.concatenate([[1.0], steps[:d_eff, 0].sum(axis=-1)]))
             for j in range(d_eff):

@@ -202,6 +202,23 @@ def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
             method="greedy",
             requests=[R(2, 0, "flat", "near-target", logit_bias={2: 2.0}), R(3, 0, "peaked", logit_bias={0: -100.0, 1: 6.0})],
         ),
+        # Typical acceptance (vLLM V0, Medusa; reference.typical), fixed drafts: the accepted
+        # count is deterministic, a rejection emits the row's argmax, only the bonus is sampled.
+        # With V0's defaults (epsilon 0.09, delta 0.3) flat rows (high entropy: the threshold is
+        # delta * exp(-H), below epsilon) accept drafts under epsilon, peaked rows reject them;
+        # then epsilon 0.2, delta 0.5, where a request accepts one draft and rejects the next.
+        dict(
+            name="typical-fixed",
+            method="typical",
+            requests=[R(3, 1.0, "flat", "flat"), R(3, 1.0, "peaked", "flat"), R(2, 0.7, "heavy-tail"), R(2, 1.0, "peaked")],
+        ),
+        dict(
+            name="typical-fixed-params",
+            method="typical",
+            posterior_threshold=0.2,
+            posterior_alpha=0.5,
+            requests=[R(4, 1.0, "heavy-tail", "near-target"), R(3, 0.8, "heavy-tail", "peaked"), R(2, 1.0, "flat", "near-target")],
+        ),
     ]
     out = []
     for i, spec in enumerate(specs):

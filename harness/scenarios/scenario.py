@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 
 from reference import synthetic as synth
+from reference import typical
 from reference.methods import Method
 from reference.processing import MAX_TEMPERATURE as MAX_PROCESSED_TEMPERATURE
 from reference.processing import MIN_TEMPERATURE as MIN_PROCESSED_TEMPERATURE
@@ -29,7 +30,7 @@ from reference.processing import SamplingParams
 
 TARGET_FAMILIES = ("peaked", "flat", "heavy-tail", "topk", "tied")
 DRAFT_FAMILIES = TARGET_FAMILIES + ("near-target", "disjoint", "same", "offset")
-METHOD_NAMES = ("greedy", "strict", "standard", "block", "synthetic")
+METHOD_NAMES = ("greedy", "strict", "standard", "block", "synthetic", "typical")
 # reference.processing engines whose top-k/top-p rules differ at exact ties: vLLM's Triton
 # kernel (exactly k, ties to the lowest ids) and its sort path (every tie at the k-th value).
 PROCESSING = ("vllm", "vllm-sort")
@@ -131,6 +132,10 @@ class Scenario:
     slots: str = "identity"  # "permuted": requests sit at scattered slots of a larger state table
     positions: str = "random"  # "aligned": every trial at positions 0..d, as engines' own tests do
     processing: str = "vllm"  # whose top-k/top-p rules the law follows at exact ties (PROCESSING)
+    # typical acceptance's epsilon and delta (reference.typical; None: vLLM V0's 0.09 and 0.3),
+    # set only when a request's method is "typical"; left out of the JSON when None
+    posterior_threshold: float | None = None
+    posterior_alpha: float | None = None
 
     def __post_init__(self):
         _validate(self)
@@ -150,8 +155,19 @@ class Scenario:
     def lossless(self) -> bool:
         return self.verify_method.lossless
 
+    @property
+    def typical_params(self) -> tuple[float, float]:
+        """``(posterior_threshold, posterior_alpha)`` of typical requests, V0's defaults for None."""
+        return (
+            typical.DEFAULT_POSTERIOR_THRESHOLD if self.posterior_threshold is None else float(self.posterior_threshold),
+            typical.DEFAULT_POSTERIOR_ALPHA if self.posterior_alpha is None else float(self.posterior_alpha),
+        )
+
     def to_dict(self) -> dict:
         d = asdict(self)
+        for name in ("posterior_threshold", "posterior_alpha"):  # scenarios without them keep their JSON
+            if d[name] is None:
+                del d[name]
         d["requests"] = [_request_dict(r) for r in self.requests]
         d["tags"] = list(self.tags)
         return d
@@ -352,6 +368,15 @@ def _validate(s: Scenario) -> None:
                 raise ValueError(f"{where}.placeholder_at: expected a draft index in [0, {r.num_drafts}), got {_brief(r.placeholder_at)}")
             if s.draft_mode != "fixed":
                 raise ValueError(f"{where}.placeholder_at: placeholders need fixed drafts")
+    uses_typical = any((r.method or s.method) == "typical" for r in s.requests)
+    for name in ("posterior_threshold", "posterior_alpha"):
+        value = getattr(s, name)
+        if value is None:
+            continue
+        if not uses_typical:
+            raise ValueError(f"scenario.{name}: set only when a request's method is 'typical', got {_brief(value)}")
+        if not _is_number(value) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"scenario.{name}: expected a finite number >= 0 (vLLM V0 refuses negative values), got {_brief(value)}")
     elements = sum(r.num_drafts + 1 for r in s.requests) * s.vocab_size
     if elements > MAX_TRIAL_ELEMENTS:
         raise ValueError(

@@ -126,6 +126,12 @@ def scenarios(
         else:
             synthetic = {"mean_rate": draw(st.sampled_from((0.0, 0.3, 0.6, 1.0)))}
     draft_vocab = draw(st.sampled_from((None, max(2, vocab // 2)))) if vocab > 2 and narrow_draft else None
+    typical = {}  # typical acceptance's epsilon and delta, or vLLM V0's defaults
+    if base == "typical" and draw(st.booleans()):
+        typical = {
+            "posterior_threshold": draw(st.sampled_from((0.0, 0.05, 0.09, 0.3, 1.0))),
+            "posterior_alpha": draw(st.sampled_from((0.0, 0.1, 0.3, 0.9))),
+        }
     return Scenario(
         name="fuzz",
         method=base,
@@ -140,6 +146,7 @@ def scenarios(
         dtype=draw(st.sampled_from(("float32", "bfloat16", "float16"))),
         slots=draw(st.sampled_from(("identity", "permuted"))),
         processing=draw(st.sampled_from(PROCESSING)),
+        **typical,
     )
 
 
@@ -269,6 +276,11 @@ def without_mates(batch, keep):
         **{
             name: None if getattr(batch, name) is None else getattr(batch, name)[keep]
             for name in ("top_k", "top_p", "min_p", "logit_bias_ids", "logit_bias")
+        },
+        **{  # a typical-acceptance batch's per-request epsilon and delta (materialize.TypicalVerifyBatch)
+            name: getattr(batch, name)[keep]
+            for name in ("posterior_threshold", "posterior_alpha")
+            if getattr(batch, name, None) is not None
         },
     ).validate()
 

@@ -99,6 +99,8 @@ class TritonBackend:
         self.tunables = tunables
 
     def supports(self, batch) -> str | None:
+        if Method.TYPICAL in method_codes(batch):
+            return "typical acceptance: not implemented by the Triton sampler"
         return processing.declines(batch)
 
     def sample(self, batch):

@@ -390,6 +390,8 @@ class _CurrentApi:
             return "mixes verification methods in one batch (vLLM MRV2 verifies a batch with one method)"
         if method is Method.STRICT:
             return "vLLM MRV2 has no strict verification since 2026-04 (0.19 had strict_rejection_sample)"
+        if method is Method.TYPICAL:
+            return "typical acceptance: not implemented by vLLM MRV2"
         if method is Method.BLOCK and "use_block_verification" not in self.params:
             return "this vLLM's rejection_sample has no block verification (use_block_verification)"
         if method is Method.SYNTHETIC:
@@ -459,6 +461,8 @@ class _PerMethodApi:
             return "mixes verification methods in one batch (vLLM MRV2 verifies a batch with one method)"
         if method is Method.BLOCK:
             return "vLLM MRV2 before 0.25 has no block verification"
+        if method is Method.TYPICAL:
+            return "typical acceptance: not implemented by vLLM MRV2"
         if method is Method.STRICT and self.strict is None:
             return "vLLM MRV2 has no strict verification since 0.21 (0.19-0.20 had strict_rejection_sample)"
         # No placeholder handling before vLLM #46533 (0.25.0): a -1 draft is verified as the

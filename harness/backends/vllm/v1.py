@@ -112,6 +112,8 @@ class VllmV1Backend:
         method = Method(int(methods[0]))
         if method in (Method.STRICT, Method.BLOCK):
             return f"vLLM V1 has no {method.name.lower()} verification"
+        if method is Method.TYPICAL:
+            return "typical acceptance: not implemented by vLLM V1 (V0's TypicalAcceptanceSampler was not carried over)"
         if method is Method.SYNTHETIC:
             if "synthetic_mode" not in self._params:
                 return "this vLLM's V1 rejection_sample has no synthetic mode"
