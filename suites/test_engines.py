@@ -3,6 +3,7 @@ T > 0 against the target model's exact law, the wiring audits, the planted engin
 HF's processing pinned against its own warpers, and bad input."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 
@@ -142,3 +143,18 @@ def test_bad_engine_scenarios_are_refused(change, message):
 def test_scenarios_round_trip_through_json():
     for s in CATALOG:
         assert EngineScenario.from_dict(s.to_dict()) == s
+
+
+def test_engine_command_writes_its_outputs_and_history(tmp_path):
+    """The command end to end: outputs, exit code, a history entry, and the reproducer."""
+    out, history = tmp_path / "out", tmp_path / "h.sqlite"
+    args = ["--engine", "hf", "--scenario", "hf-ensemble", "--tv", "0.5", "--workers", "1", "--out", str(out), "--history", str(history)]
+    proc = subprocess.run([sys.executable, "-m", "harness", "engine", *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((out / "results.json").read_text())
+    assert sorted(r["check"] for r in doc["records"]) == ["continuation-law", "drafter-law", "verifier-p", "verifier-q"]
+    assert doc["backend_environments"]["hf"]["transformers"] == transformers.__version__
+    assert doc["records"][0]["reproducer"].startswith(
+        "python -m harness engine --engine hf --profile smoke --seed 0 --scenario hf-ensemble"
+    )
+    assert (out / "index.html").is_file() and history.is_file()
