@@ -59,6 +59,8 @@ logit_bias_ids     [B, L] int64 or None   per-request logit-bias token ids, uniq
 logit_bias         [B, L] float32 or None the biases of ``logit_bias_ids`` (not read at -1
                                           slots), added to the raw target logits before
                                           temperature; -inf masks the token.
+posterior_threshold [B] float64 or None   typical acceptance's epsilon per request; given
+posterior_alpha    [B] float64 or None    with its delta exactly when a request is typical.
 processing         str or None            whose top-k/top-p rules the law follows at an
                                           exact tie on a boundary ("vllm", "vllm-sort"),
                                           when a request's law depends on them; else None.
@@ -208,6 +210,10 @@ class VerifyBatch:
         are not read): added to request ``r``'s raw target logits, every row of it, before
         temperature (``reference.processing``); ``-inf`` masks a token, NaN and ``+inf`` are
         not allowed. Given exactly when ``logit_bias_ids`` is.
+    posterior_threshold, posterior_alpha : ndarray of float64, shape (B,), or None
+        Typical acceptance's epsilon and delta per request (``reference.typical``: accept iff
+        ``p(x) > min(epsilon, delta * exp(-H(p)))``), finite and ``>= 0``; read only for
+        ``Method.TYPICAL`` requests. Given (both) exactly when some request is typical.
     processing : str or None
         ``"vllm"`` (vLLM's Triton top-k/top-p: exactly k, ties to the lowest ids) or
         ``"vllm-sort"`` (its sort path: every tie at the k-th value stays), the rules the
@@ -235,6 +241,8 @@ class VerifyBatch:
     draft_sampling: str | None = None
     logit_bias_ids: np.ndarray | None = None
     logit_bias: np.ndarray | None = None
+    posterior_threshold: np.ndarray | None = None
+    posterior_alpha: np.ndarray | None = None
 
     @property
     def has_sampling_params(self) -> bool:
@@ -289,8 +297,9 @@ class VerifyBatch:
         known method codes (and ``method_codes`` their distinct set), ``max_drafts`` at
         least the widest request, distinct non-negative ``request_slots``, a known
         ``logits_dtype``, sampling parameters in range (logit-bias ids in ``[0, V)`` or the
-        padding -1, unique per request, biases finite or -inf), a known ``processing``, and
-        rates in ``[0, 1]`` for synthetic requests.
+        padding -1, unique per request, biases finite or -inf), a known ``processing``,
+        rates in ``[0, 1]`` for synthetic requests, and typical acceptance's parameters with
+        its requests.
 
         Returns
         -------
@@ -355,6 +364,7 @@ class VerifyBatch:
             if x.shape != (b,) or (name == "top_k") != integral or not np.all(ok(x)):
                 raise ValueError(f"{name}: expected {b} {what}, got shape {x.shape} dtype {x.dtype}")
         self._validate_logit_bias(b)
+        self._validate_typical(b)
         if self.draft_sampling not in (None, "probabilistic", "greedy"):
             raise ValueError(f"draft_sampling: expected None, 'probabilistic' or 'greedy', got {self.draft_sampling!r}")
         if self.draft_sampling is not None and self.draft_logits is None:
@@ -370,6 +380,20 @@ class VerifyBatch:
             if not np.all((r >= 0) & (r <= 1)):
                 raise ValueError("synthetic_rates: conditional rates must lie in [0, 1]")
         return self
+
+    def _validate_typical(self, b: int) -> None:
+        eps, delta = self.posterior_threshold, self.posterior_alpha
+        typical = bool((self.methods == Method.TYPICAL).any())
+        if (eps is None) != (delta is None) or (eps is None) == typical:
+            raise ValueError("posterior_threshold, posterior_alpha: given (both [B]) exactly when some request is typical acceptance")
+        for name, value in (("posterior_threshold", eps), ("posterior_alpha", delta)):
+            if value is None:
+                continue
+            value = np.asarray(value)
+            if value.shape != (b,) or not np.issubdtype(value.dtype, np.floating):
+                raise ValueError(f"{name}: expected [{b}] floats, got shape {value.shape} dtype {value.dtype}")
+            if not np.all(np.isfinite(value) & (value >= 0)):
+                raise ValueError(f"{name}: every value must be finite and >= 0")
 
     def _validate_logit_bias(self, b: int) -> None:
         ids, bias = self.logit_bias_ids, self.logit_bias

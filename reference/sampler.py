@@ -52,18 +52,11 @@ class ReferenceSampler:
         return np.asarray(ids, dtype=np.int64), np.asarray(batch.logit_bias, dtype=np.float64)
 
     def request_typical_params(self, batch) -> tuple[np.ndarray, np.ndarray]:
-        """Per-request typical acceptance ``(posterior_threshold, posterior_alpha)`` [B] each, from
-        the batch's ``posterior_threshold`` / ``posterior_alpha`` when it has them, else vLLM V0's
-        defaults (``reference.typical``)."""
-        n = len(batch.temperature)
-        out = []
-        for name, default in (
-            ("posterior_threshold", typical.DEFAULT_POSTERIOR_THRESHOLD),
-            ("posterior_alpha", typical.DEFAULT_POSTERIOR_ALPHA),
-        ):
-            value = getattr(batch, name, None)
-            out.append(np.full(n, default) if value is None else np.asarray(value, dtype=np.float64))
-        return out[0], out[1]
+        """Per-request typical acceptance ``(posterior_threshold, posterior_alpha)`` [B] each, as
+        the batch gives them (the protocol requires them with typical requests)."""
+        if batch.posterior_threshold is None or batch.posterior_alpha is None:
+            raise ValueError("posterior_threshold, posterior_alpha: a batch with typical requests must give both")
+        return np.asarray(batch.posterior_threshold, dtype=np.float64), np.asarray(batch.posterior_alpha, dtype=np.float64)
 
     def target_probs(self, logits: np.ndarray, temperature: np.ndarray) -> np.ndarray:
         return softmax_rows(logits, temperature)

@@ -47,6 +47,7 @@ EXPECTED = {
     "drafter-after-processor": ({"draft-law"}, "engine-drafted"),
     "drafter-other-precision": ({"draft-law"}, "engine-drafted-offset"),
     "greedy-drafts-verified-with-probs": ({"position-law"}, "engine-greedy-drafter"),
+    "typical-threshold-max": ({"outcome-law"}, "typical-fixed"),
 }
 
 

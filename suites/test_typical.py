@@ -1,21 +1,23 @@
 """Typical acceptance (vLLM V0's TypicalAcceptanceSampler, Medusa): the reference rule, its
 exact laws, the reference sampler against them, the planted fault and the scenario fields."""
 
+import dataclasses
 import json
 import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 from scipy.stats import chi2
 
 from harness.backends.vllm.mrv2 import _CurrentApi, _PerMethodApi
 from harness.backends.vllm.v1 import VllmV1Backend
 from harness.run.runner import run
 from harness.scenarios.catalog import catalog
-from harness.scenarios.materialize import TypicalVerifyBatch, materialize, trials
+from harness.scenarios.materialize import materialize, trials
 from harness.scenarios.profiles import get_profile
 from harness.scenarios.scenario import RequestSpec, Scenario
-from harness.scenarios.strategies import without_mates
+from harness.scenarios.strategies import scenarios, without_mates
 from harness.studies.detection import detect
 from reference import typical
 from reference.methods import Method
@@ -25,11 +27,11 @@ R = RequestSpec
 ALPHA = 1e-3  # the Monte Carlo chi-square tests' level
 
 # A hand-worked example, V = 4, epsilon 0.09, delta 0.3 (vLLM V0's defaults):
-#   row 0 [0.7, .1, .1, .1]:  H = -(0.7 ln 0.70001 + 3 * 0.1 ln 0.10001) = 0.94046,
+#   row 0 [0.7, .1, .1, .1]:  H = -(0.7 ln 0.70001 + 3 * 0.1 ln 0.10001) = 0.94041,
 #                             delta e^-H = 0.11713 -> threshold 0.09; draft 1 (0.1 > 0.09) kept
 #   row 1 uniform:            H = -ln 0.25001 = 1.38625, delta e^-H = 0.075003 -> 0.075003;
 #                             draft 3 (0.25) kept
-#   row 2 [.05, .85, .05, .05]: H = 0.58750, delta e^-H = 0.16672 -> 0.09; draft 0 (0.05)
+#   row 2 [.05, .85, .05, .05]: H = 0.58746, delta e^-H = 0.16672 -> 0.09; draft 0 (0.05)
 #                             rejected: the argmax, token 1, is emitted
 #   row 3 the bonus row.
 ROWS = np.array([[0.7, 0.1, 0.1, 0.1], [0.25] * 4, [0.05, 0.85, 0.05, 0.05], [0.1, 0.2, 0.3, 0.4]])
@@ -43,15 +45,17 @@ def test_rule_on_a_hand_computed_example():
         -(0.85 * math.log(0.85001) + 3 * 0.05 * math.log(0.05001)),
     ]
     np.testing.assert_allclose(h, by_hand, rtol=1e-12)
-    np.testing.assert_allclose(h, [0.94046, 1.38625, 0.58750], atol=5e-5)
-    np.testing.assert_allclose(typical.thresholds(ROWS[:3], 0.09, 0.3), [0.09, 0.3 * math.exp(-by_hand[1]), 0.09], rtol=1e-12)
+    np.testing.assert_allclose(h, [0.94041, 1.38625, 0.58746], atol=1e-5)
+    np.testing.assert_allclose(typical.thresholds(ROWS[:3], 0.09, 0.3), [0.09, 0.075003, 0.09], atol=1e-6)
+    np.testing.assert_allclose(0.3 * np.exp(-h), [0.11714, 0.075003, 0.16672], atol=1e-5)
     assert typical.accepts(ROWS[:3], [1, 3, 0], 0.09, 0.3).tolist() == [True, True, False]
     law = typical.fixed_draft_law(ROWS, [1, 3, 0])
     expected = np.zeros((4, 4))
     expected[2, 1] = 1.0  # two drafts kept, then row 2's argmax
     np.testing.assert_array_equal(law, expected)
     np.testing.assert_array_equal(typical.fixed_draft_law(ROWS, [1, 3, 1])[3], ROWS[3])  # all kept: the bonus row
-    np.testing.assert_array_equal(typical.fixed_draft_law(ROWS, [2, 0, 1])[0], [1.0, 0, 0, 0])  # rejected at once: argmax 0
+    # epsilon 0.2: row 0's threshold is delta e^-H = 0.11714 > 0.1, draft 2 rejected at once: argmax 0
+    np.testing.assert_array_equal(typical.fixed_draft_law(ROWS, [2, 0, 1], 0.2, 0.3)[0], [1.0, 0, 0, 0])
 
 
 def test_rule_is_strict_has_v0s_log_epsilon_and_never_accepts_a_placeholder():
@@ -207,14 +211,53 @@ def test_fields_round_trip_and_other_scenarios_keep_their_json():
 def test_batches_carry_the_parameters_and_other_backends_decline():
     s = Scenario("t", "standard", 8, (R(2), R(1, method="typical")), posterior_threshold=0.2, posterior_alpha=0.5)
     batch = trials(s, materialize(s), 0, 3).batch.validate()
-    assert isinstance(batch, TypicalVerifyBatch)
     np.testing.assert_array_equal(batch.posterior_threshold, np.full(6, 0.2))
     alone = without_mates(batch, [1, 3])
     assert alone.methods.tolist() == [Method.TYPICAL] * 2 and alone.posterior_alpha.tolist() == [0.5, 0.5]
     plain = Scenario("p", "standard", 8, (R(2),))
-    assert type(trials(plain, materialize(plain), 0, 1).batch).__name__ == "VerifyBatch"
+    assert trials(plain, materialize(plain), 0, 1).batch.posterior_threshold is None
+    with pytest.raises(ValueError, match="posterior_threshold"):
+        dataclasses.replace(batch, posterior_alpha=None).validate()
+    with pytest.raises(ValueError, match="posterior_alpha: every value"):
+        dataclasses.replace(batch, posterior_alpha=np.full(6, -1.0)).validate()
     only = without_mates(batch, [1])
     v1 = object.__new__(VllmV1Backend)  # supports() names the method before reading the release
     assert v1.supports(only) == "typical acceptance: not implemented by vLLM V1 (V0's TypicalAcceptanceSampler was not carried over)"
     for api in (_CurrentApi, _PerMethodApi):
         assert api.supports(object.__new__(api), only) == "typical acceptance: not implemented by vLLM MRV2"
+
+
+def test_the_triton_sampler_declines_typical_requests():
+    pytest.importorskip("triton", reason="the Triton backend needs triton")
+    from harness.backends.triton.backend import TritonBackend
+
+    s = Scenario("t", "standard", 8, (R(2), R(1, method="typical")))
+    batch = trials(s, materialize(s), 0, 2).batch
+    assert TritonBackend(device="cpu").supports(batch) == "typical acceptance: not implemented by the Triton sampler"
+    assert TritonBackend(device="cpu").supports(without_mates(batch, [0, 2])) is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(scenario=scenarios(methods=("typical",), max_drafts=3))
+def test_drawn_typical_scenarios_emit_only_what_the_law_allows(scenario):
+    """Exact, no statistics: every trial's (accepted, token) lies in the law's support, and the
+    drafts are kept only up to the first rejection (fixed, sampled and the reference's own drafts)."""
+    templates = materialize(scenario)
+    n = 200
+    tr = trials(scenario, templates, 0, n)
+    out = ReferenceSampler().sample(tr.batch.validate())
+    tokens, emitted = out[0], out[1]
+    t = len(templates)
+    for i, tpl in enumerate(templates):
+        if tpl.spec.degenerate:
+            continue
+        d = tpl.effective_drafts
+        target = tpl.target_probs()[: d + 1]
+        if tpl.drafts is not None:
+            law = typical.fixed_draft_law(target, tpl.drafts[:d], *scenario.typical_params)
+        else:
+            law = typical.sampled_draft_law(target, tpl.sampling_probs()[:d], *scenario.typical_params)
+        assert law.sum() == pytest.approx(1.0)
+        e = emitted[i::t]
+        y = tokens[i::t][np.arange(n), e - 1]
+        assert np.all(law[e - 1, y] > 0), (tpl.spec, law, e, y)

@@ -8,9 +8,8 @@ import dataclasses
 
 import numpy as np
 
-from reference import rules
+from reference import rules, typical
 from reference import synthetic as synth
-from reference import typical
 from reference.distributions import degenerate_rows, softmax_rows
 from reference.methods import Method
 from reference.rng import Stream, uniforms

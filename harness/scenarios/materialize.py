@@ -1,7 +1,7 @@
 """A scenario made concrete from its seed: each template's logits and fixed drafts
 (``materialize``), and chunks of trials as the backend receives them (``trials``)."""
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -154,17 +154,6 @@ def materialize(s: Scenario) -> list[Template]:
 
 
 @dataclass(frozen=True)
-class TypicalVerifyBatch(VerifyBatch):
-    """A ``VerifyBatch`` of a scenario with typical-acceptance requests: it also carries each
-    request's epsilon and delta (``reference.typical``), read by backends that verify
-    ``Method.TYPICAL`` (the reference: ``ReferenceSampler.request_typical_params``); the other
-    requests' entries are not read. Backends without typical acceptance decline its requests."""
-
-    posterior_threshold: np.ndarray | None = None  # [B] float64
-    posterior_alpha: np.ndarray | None = None  # [B] float64
-
-
-@dataclass(frozen=True)
 class Trials:
     """A batch of trials: request ``t * T + i`` is trial ``t`` of template ``i``."""
 
@@ -233,16 +222,18 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
         processing=batch_processing(templates),
         draft_sampling=templates[0].draft_sampling,
         **params,
+        **typical_arrays(s, methods),
     )
-    if (methods == Method.TYPICAL).any():
-        eps, delta = s.typical_params
-        n = methods.size
-        batch = TypicalVerifyBatch(
-            **{f.name: getattr(batch, f.name) for f in fields(VerifyBatch)},
-            posterior_threshold=np.full(n, eps),
-            posterior_alpha=np.full(n, delta),
-        )
     return Trials(batch=batch, drafts=drafts)
+
+
+def typical_arrays(s: Scenario, methods: np.ndarray) -> dict:
+    """The batch's ``posterior_threshold`` / ``posterior_alpha`` ([B] float64, the scenario's
+    epsilon and delta), both None when no request is typical acceptance."""
+    if not (methods == Method.TYPICAL).any():
+        return {"posterior_threshold": None, "posterior_alpha": None}
+    eps, delta = s.typical_params
+    return {"posterior_threshold": np.full(methods.size, eps, np.float64), "posterior_alpha": np.full(methods.size, delta, np.float64)}
 
 
 def sampling_arrays(templates: list[Template]) -> dict:

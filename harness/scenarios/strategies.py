@@ -277,11 +277,11 @@ def without_mates(batch, keep):
             name: None if getattr(batch, name) is None else getattr(batch, name)[keep]
             for name in ("top_k", "top_p", "min_p", "logit_bias_ids", "logit_bias")
         },
-        **{  # a typical-acceptance batch's per-request epsilon and delta (materialize.TypicalVerifyBatch)
-            name: getattr(batch, name)[keep]
-            for name in ("posterior_threshold", "posterior_alpha")
-            if getattr(batch, name, None) is not None
-        },
+        **(
+            {"posterior_threshold": None, "posterior_alpha": None}
+            if not (batch.methods[keep] == Method.TYPICAL).any()
+            else {name: getattr(batch, name)[keep] for name in ("posterior_threshold", "posterior_alpha")}
+        ),
     ).validate()
 
 

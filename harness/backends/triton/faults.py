@@ -140,4 +140,5 @@ NOT_PLANTED = {
     "synthetic-decay-too-low": "the sampler receives conditional synthetic rates and never computes them: the decay floor "
     "belongs to vLLM 0.19's (base rate, decay) parameterization, which the harness turns into those rates before any "
     "backend runs (``harness.scenarios.scenario.conditional_rates``), so there is no decay in this sampler to get wrong",
+    "typical-threshold-max": "the sampler has no typical acceptance (it declines Method.TYPICAL), so there is no threshold to get wrong",
 }
