@@ -13,13 +13,19 @@ def split_source(name: str) -> tuple[str, str | None]:
     return base, (src if sep else None)
 
 
+# Built-in backends whose PATH is a folder of a release's files, loaded by path: they never
+# ``import vllm``, so the process's vLLM (if one was imported) does not matter to them.
+FILE_TREES = ("vllm-v0-typical",)
+
+
 def load_for_device(name: str, device: str):
     base, src = split_source(name)
     if src:  # in a worker process this binds the tree for that backend alone
         from harness.backends.vllm.env import SRC_ENV, use_source_tree
 
         os.environ[SRC_ENV] = os.path.abspath(src)
-        use_source_tree(src)
+        if base not in FILE_TREES:
+            use_source_tree(src)
     backend = load_backend(base)
     devices = getattr(backend, "devices", ("cpu",))
     if device not in devices:
