@@ -5,10 +5,15 @@ tensor; an adapter that must transform the logits before calling its engine (div
 temperature, gather rows, build a cache) does that once, not once per chunk.
 """
 
+import weakref
+
+_LIVE = weakref.WeakSet()  # every memo of this process, for ``release_all``
+
 
 class LogitsMemo:
     def __init__(self):
         self._entries = {}
+        _LIVE.add(self)
 
     def get(self, key: str, source, depends_on, build):
         """``build()``, reused while ``source`` is the very same tensor and ``depends_on`` (a
@@ -22,3 +27,11 @@ class LogitsMemo:
         value = build()
         self._entries[key] = (source, depends_on, value)
         return value
+
+
+def release_all() -> None:
+    """Drop every memo's tensors (and the logits they hold on to): a worker calls this when
+    its GPU turn ends, so that between turns it holds none of a scenario's device memory for
+    the workers that take the GPU after it."""
+    for memo in list(_LIVE):
+        memo._entries.clear()
