@@ -5,7 +5,7 @@
 # -d vendor/suite-wheels plotly==7.1.0`).
 # vendor/vllm-trees.tar.xz (scripts/vllm_releases.py prepare --pack) holds the python-only trees
 # of every release the `releases` step verifies; it is unpacked into vendor/ first.
-# Usage: OUT=/some/dir [STEPS="releases verdict runs runbench pytest kernels"] [VERDICT_ARGS="--backend triton"]
+# Usage: OUT=/some/dir [STEPS="releases coldstart verdict runs runbench pytest kernels"] [VERDICT_ARGS="--backend triton"]
 #        [PYTEST_ARGS="suites/test_triton_gpu.py -m gpu"] [KERNEL_ARGS="--backends triton,vllm-mrv2"] bash scripts/gpu_run.sh
 #   -> $OUT/gpu_results.tgz (logs, JSON, reports)
 set -u
@@ -23,6 +23,12 @@ export PYTHONPATH=/tmp/vdeps SPECDEC_VLLM_SRC=$PWD/vendor/vllm-0.33.0 SPECDEC_VL
 # An installed environment has its bytecode; a writable cache gives the same after first use.
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
+# A Triton cache built on an earlier machine of the same GPU architecture (benchmarks/bench_cold_start.py
+# --cache-out, carried as vendor/triton-cache.tar.gz): the kernels it holds load instead of compiling.
+if [ -f vendor/triton-cache.tar.gz ]; then
+  mkdir -p /tmp/triton-carried && tar -xzf vendor/triton-cache.tar.gz -C /tmp/triton-carried
+  export TRITON_CACHE_DIR=/tmp/triton-carried/triton-cache
+fi
 step() {  # step NAME TIMEOUT CMD...: run with a time limit, log, note the exit code and seconds
   local name=$1 limit=$2; shift 2
   local start=$(date +%s)
@@ -34,6 +40,8 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 # Every release's V1 and MRV2 in one run, one history run per release (scripts/vllm_releases.py).
 has releases && step releases "${RELEASES_TIMEOUT:-540}" python scripts/vllm_releases.py run --trees vendor --profile gpu \
   --device cuda --history "$WORK/releases.sqlite" --out "$WORK/releases" --json "$WORK/vllm-releases.json" ${RELEASES_ARGS:-}
+has coldstart && step bench_cold_start "${COLD_TIMEOUT:-540}" python benchmarks/bench_cold_start.py --json "$WORK/bench_cold_start.json" \
+  --cache-out "$WORK/triton-cache.tar.gz" ${COLD_ARGS:-}
 has verdict && step bench_verdict "${VERDICT_TIMEOUT:-240}" python benchmarks/bench_verdict.py --json "$WORK/bench_verdict.json" ${VERDICT_ARGS:-}
 if has runs; then
   for b in triton vllm-mrv2 vllm-v1; do

@@ -5,8 +5,8 @@
     # anywhere (an air-gapped GPU machine too): unpack the trees, verify, append, tabulate
     python scripts/vllm_releases.py run --trees vendor/vllm-trees.tar.xz --unpack-to vendor --profile gpu --device cuda \\
         --history reports/releases.sqlite --out reports/releases --json docs/data/vllm-releases.json
-    # the table again from a run's results.json (no sampling)
-    python scripts/vllm_releases.py table reports/releases/run --json docs/data/vllm-releases.json
+    # the table again from finished runs' results.json (no sampling); --history appends them too
+    python scripts/vllm_releases.py table reports/releases/run [more runs] --json docs/data/vllm-releases.json
 
 ``run`` verifies V1 and MRV2 of every release in ONE ``python -m harness run`` (``NAME@PATH``
 workers, one plan shared by all backends; ``--group N``: N releases per run, one run after
@@ -245,12 +245,19 @@ def _write_table(doc: dict, args) -> None:
 
 
 def table(args) -> int:
+    """One table from one or more finished runs (a sweep run in parts, e.g. one GPU call per half
+    of the releases); ``--history``: append them too, one history run per release."""
     try:
-        doc = read_run_document(str(args.results))
+        docs = [read_run_document(str(r)) for r in args.results]
     except HistoryError as e:
         _usage(str(e))
-    args.out = args.out or Path(args.results if Path(args.results).is_dir() else Path(args.results).parent)
-    _write_table(doc, args)
+    if args.history:
+        for doc in docs:
+            for label, sub in split_by_release(doc).values():
+                append_run(str(args.history), sub, label=label)
+    first = args.results[0]
+    args.out = args.out or Path(first if first.is_dir() else first.parent)
+    _write_table({**docs[0], "records": [r for d in docs for r in d["records"]]}, args)
     return 0
 
 
@@ -283,9 +290,10 @@ def main(argv=None) -> int:
     r.add_argument("--history", type=Path, help="append one run per release to this history")
     r.add_argument("--out", type=Path, default=ROOT / "reports" / "releases")
     r.add_argument("--json", type=Path, help="write the per-release table as JSON here")
-    t = sub.add_parser("table", help="the per-release table of a finished run (its results.json or folder)")
-    t.add_argument("results", type=Path)
+    t = sub.add_parser("table", help="the per-release table of finished runs (their results.json or folders)")
+    t.add_argument("results", type=Path, nargs="+")
     t.add_argument("--json", type=Path)
+    t.add_argument("--history", type=Path, help="append these runs to this history too, one run per release")
     t.add_argument("--out", type=Path, help="where vllm-releases.md goes (default: beside results.json)")
     args = p.parse_args(argv)
     return {"prepare": prepare, "run": run, "table": table}[args.command](args)
