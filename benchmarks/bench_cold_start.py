@@ -57,21 +57,23 @@ def _harness_run(args, cache: Path, scratch: Path, name: str) -> dict:
     return row
 
 
-def _measure(label: str, run_one, scratch: Path, cache_out: Path | None) -> list[dict]:
-    """``run_one(cache, scratch, name)`` cold (empty cache), then with a copy of that cache."""
+def _measure(label: str, run_one, scratch: Path, cache_out: Path | None, keep) -> None:
+    """``run_one(cache, scratch, name)`` cold (empty cache), then with a copy of that cache;
+    ``keep(row)`` each row as it is measured."""
     cold_cache = scratch / f"{label}-cache-cold"
     cold_cache.mkdir()
     cold = {"case": f"{label}, empty Triton cache", **run_one(cold_cache, scratch / f"{label}-cold", "cold")}
     cold.update(_cache_stats(cold_cache))
-    carried = scratch / f"{label}-cache-carried"
-    shutil.copytree(cold_cache, carried)
-    warm = {"case": f"{label}, the cold run's cache carried", **run_one(carried, scratch / f"{label}-carried", "carried")}
-    warm.update({f"{k}_after": v for k, v in _cache_stats(carried).items()})
     if cache_out:
         with tarfile.open(cache_out, "w:gz") as tar:
             tar.add(cold_cache, arcname="triton-cache")
         cold["packed_bytes"] = cache_out.stat().st_size
-    return [cold, warm]
+    keep(cold)
+    carried = scratch / f"{label}-cache-carried"
+    shutil.copytree(cold_cache, carried)
+    warm = {"case": f"{label}, the cold run's cache carried", **run_one(carried, scratch / f"{label}-carried", "carried")}
+    warm.update({f"{k}_after": v for k, v in _cache_stats(carried).items()})
+    keep(warm)
 
 
 def main(argv=None) -> int:
@@ -85,6 +87,13 @@ def main(argv=None) -> int:
     p.add_argument("--pytest-cache-out", type=Path, help="pack the pytest run's cold cache here (.tar.gz)")
     args = p.parse_args(argv)
     rows = []
+
+    def keep(row):  # written at once: a run cut off by its time limit keeps what it measured
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"backend": args.backend, "profile": args.profile, "rows": rows}, indent=1) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:
         scratch = Path(tmp)
 
@@ -92,7 +101,7 @@ def main(argv=None) -> int:
             where.mkdir()
             return _harness_run(args, cache, where, name)
 
-        rows += _measure("run", run_one, scratch, args.cache_out)
+        _measure("run", run_one, scratch, args.cache_out, keep)
         if args.pytest:
             pytest_cmd = [sys.executable, "-m", "pytest", *shlex.split(args.pytest), "-q", "-p", "no:cacheprovider"]
 
@@ -100,11 +109,7 @@ def main(argv=None) -> int:
                 where.mkdir()
                 return _timed(pytest_cmd, cache, where, where / "pytest.log") | {"tail": _tail(where / "pytest.log")}
 
-            rows += _measure("pytest", pytest_one, scratch, args.pytest_cache_out)
-        for row in rows:
-            print(json.dumps(row))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"backend": args.backend, "profile": args.profile, "rows": rows}, indent=1) + "\n")
+            _measure("pytest", pytest_one, scratch, args.pytest_cache_out, keep)
     return 0
 
 
