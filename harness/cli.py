@@ -26,6 +26,15 @@ class UsageError(Exception):
     pass
 
 
+SEQUENTIAL_HELP = (
+    "stop a wrong implementation early: one-multinomial checks (outcome-law, acceptance-length) become the combined "
+    "design (a sequential test at alpha/2, looked at after 64, 128, 256, ... trials, plus the chi-square at alpha/2 at "
+    "the full count; 2.4-6.6%% more trials for a passing implementation), and a scenario stops sampling once one rejects. "
+    "Host path only: batches built on a GPU (--device cuda, device-batched backends) sample the full count, evaluated the "
+    "same way (see docs/sequential.md)"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description="Verify speculative-decoding rejection samplers.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -44,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--exclude", action="append", help="leave out this catalog scenario (repeatable)")
     r.add_argument("--alpha", type=float, help="override the profile's per-check false-alarm rate (fuzz reproducers use it)")
+    r.add_argument("--sequential", action="store_true", help=SEQUENTIAL_HELP)
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument(
         "--vllm-src", help="verify the vLLM in this python-only source tree (a folder holding vllm/; see scripts/build_vllm_tree.py)"
@@ -114,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("scenarios", help="list a profile's scenarios with their trial counts")
     s.add_argument("--profile", default="ci")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--sequential", action="store_true", help="trial counts of the combined design (as 'run --sequential')")
     w = sub.add_parser("power", help="trials for a TV to detect, or the TV that trials detect")
     w.add_argument("--alpha", type=float, default=1e-6)
     w.add_argument("--power", type=float, default=0.99)
@@ -216,6 +227,7 @@ def _run(args) -> int:
         if not 0 < args.alpha < 1:
             raise UsageError(f"--alpha: expected a rate in (0, 1), got {args.alpha}")
         profile = dataclasses.replace(profile, alpha=args.alpha)
+    profile = dataclasses.replace(profile, sequential=args.sequential)
     if args.device == "cuda" and not cuda_available():
         raise UsageError("--device cuda: no CUDA device is available on this machine")
     check_seed(args.seed, "--seed")
@@ -461,9 +473,10 @@ def _scenarios(args) -> int:
     from harness.scenarios.profiles import get_profile
     from harness.scenarios.scenario import check_seed
 
-    profile = get_profile(args.profile)
+    profile = dataclasses.replace(get_profile(args.profile), sequential=args.sequential)
     check_seed(args.seed, "--seed")
-    print(f"profile {profile.name}: alpha={profile.alpha:g} power={profile.power} detects TV >= {profile.tv}")
+    combined = ", combined design (--sequential)" if profile.sequential else ""
+    print(f"profile {profile.name}: alpha={profile.alpha:g} power={profile.power} detects TV >= {profile.tv}{combined}")
     for s in catalog(profile, args.seed):
         _, planned, count = planned_trials(s, profile)
         print(f"{s.name:34s} {s.method:10s} V={s.vocab_size:<7d} templates={len(s.requests)} trials={count:<8d} checks={len(planned)}")

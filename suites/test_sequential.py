@@ -1,22 +1,38 @@
 """The anytime-valid sequential check (``harness.checking.sequential``): its arithmetic, its
 false alarms under continuous monitoring, an early stop on a gross deviation, impossible cells,
-the combined design, and bad input."""
+the combined design, bad input, and the check in a run (``--sequential``): the looks, the early
+stop of a planted fault in process and in a worker, the reference's full count."""
 
+import json
 import math
+import shlex
+from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from scipy.stats import binom
 
-from harness.checking import checks, power
+from harness.backends.loading import load_for_device
+from harness.checking import checks, power, stats
 from harness.checking.sequential import (
     SequentialTest,
     combined_design,
     combined_p_value,
     half_profile,
     log_e_value,
+    stop_rule,
 )
+from harness.cli import main
+from harness.evidence.records import Kind, Verdict
+from harness.run.plans import planned_trials
+from harness.run.runner import run
+from harness.sampling.sample import FIRST_LOOK, sample_scenario, start_scenario
+from harness.scenarios.catalog import catalog, find
+from harness.scenarios.materialize import materialize
 from harness.scenarios.profiles import get_profile
+
+SEQUENTIAL_CI = replace(get_profile("ci"), sequential=True)
 
 META_ALPHA = 1e-6  # chance that a correct implementation fails the false-alarm test below
 
@@ -185,3 +201,128 @@ def test_bad_counts_are_refused():
     with pytest.raises(ValueError, match="counts: cell 1 went from 2 to 1; counts are cumulative"):
         test.update([4, 1, 6])
     assert test.state.trials == 10  # a refused update changes nothing
+
+
+# --- in a run (Profile.sequential, --sequential) ----------------------------------------------
+def ci_scenario(name):
+    return find(catalog(SEQUENTIAL_CI, 0), name)
+
+
+def test_the_combined_check_reports_the_combined_p_value():
+    """Sampled to its design: p = 2 min(1/E, p_chi), both at the design's counts. Stopped early:
+    a rejection reports p = 2/E and log E as its statistic; no rejection is not evaluated."""
+    p = law(cells=20)
+    check = checks.gof_check("outcome-law", 0, p, str, SEQUENTIAL_CI, lambda tally: tally.counts)
+    design = combined_design(p, SEQUENTIAL_CI)
+    assert check.design_trials == design.trials and check.monitor.alpha == SEQUENTIAL_CI.alpha / 2
+    rng = np.random.default_rng(5)
+    counts = rng.multinomial(design.trials, p)
+    outcome = check.evaluate(SimpleNamespace(counts=counts, stopped=False, trials=design.trials), rng)
+    o, impossible = design.cells.pool(counts)
+    chi = stats.chi_square_pooled(o, design.cells.probs * design.trials, impossible)
+    assert outcome.kind is Kind.GOF and outcome.statistic == pytest.approx(chi.statistic)
+    assert outcome.p_value == pytest.approx(combined_p_value(float(log_e_value(counts, p)), chi.p_value))
+    assert outcome.alpha == SEQUENTIAL_CI.alpha
+    wrong = np.zeros(p.size, dtype=np.int64)
+    wrong[0] = FIRST_LOOK  # every trial in one cell: far from p
+    stopped = check.evaluate(SimpleNamespace(counts=wrong, stopped=True, trials=FIRST_LOOK), rng)
+    log_e = float(log_e_value(wrong, p))
+    assert log_e >= math.log(2 / SEQUENTIAL_CI.alpha)
+    assert stopped.kind is Kind.GOF and stopped.statistic == pytest.approx(log_e) and stopped.trials == FIRST_LOOK
+    assert stopped.p_value == pytest.approx(combined_p_value(log_e)) and stopped.p_value <= SEQUENTIAL_CI.alpha
+    assert f"sampling stopped at {FIRST_LOOK} of the design's {design.trials:,} trials" in stopped.message
+    fine = rng.multinomial(FIRST_LOOK, p)
+    other = check.evaluate(SimpleNamespace(counts=fine, stopped=True, trials=FIRST_LOOK), rng)
+    assert other.kind is Kind.SKIPPED and other.p_value is None and other.message.startswith("not evaluated")
+
+
+def test_looks_double_from_64_trials_and_do_not_change_the_counts():
+    """With a stop rule the host path calls the backend with 64, 64, 128, 256, ... trials (after
+    the two one-trial calls of the repeatability probe); the counts are those of one call."""
+    scenario = ci_scenario("standard-near-target")
+    templates = materialize(scenario)
+    _, planned, _ = planned_trials(scenario, SEQUENTIAL_CI)
+    reference = load_for_device("reference", "cpu")
+    sizes = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(reference, name)
+
+        def sample(self, batch):
+            sizes.append(batch.num_requests // len(templates))
+            return reference.sample(batch)
+
+    looked = start_scenario(Recording(), scenario, templates, 1000, SEQUENTIAL_CI, stop_rule(planned)).tallies()
+    assert sizes == [1, 1, 64, 64, 128, 256, 488]
+    plain = sample_scenario(reference, scenario, templates, 1000, SEQUENTIAL_CI)
+    for a, b in zip(looked, plain):
+        assert not a.stopped and a.trials == b.trials == 1000
+        assert (a.outcome == b.outcome).all() and (a.steps == b.steps).all()
+
+
+def test_a_planted_fault_stops_early_and_fails_in_a_worker_and_in_process(tmp_path):
+    """fault:bonus-wrong-row on standard-near-target: its outcome-law checks reject at the first
+    look, far below the design; they fail with the combined p-value 2/E; nothing else of the
+    scenario passes on those counts. Its reproducer names --sequential, and in process (the
+    reproducer with --in-process) gives the same records as the worker did."""
+    name = "standard-near-target"
+    _, _, count = planned_trials(ci_scenario(name), SEQUENTIAL_CI)
+    out = tmp_path / "worker"
+    args = ["run", "--backend", "fault:bonus-wrong-row", "--profile", "ci", "--scenario", name, "--sequential", "--no-progress"]
+    assert main([*args, "--out", str(out)]) == 1
+    doc = json.loads((out / "results.json").read_text())
+    sampled = doc["trials"][f"fault:bonus-wrong-row/{name}"]
+    assert sampled <= count / 100
+    records = doc["records"]
+    failed = [r for r in records if r["verdict"] == "fail"]
+    assert failed and {r["check"] for r in failed} == {"outcome-law"}
+    for r in failed:
+        assert r["trials"] == sampled and r["statistic"] >= math.log(2 / SEQUENTIAL_CI.alpha)
+        assert r["p_value"] == pytest.approx(combined_p_value(r["statistic"]))
+        assert f"sampling stopped at {sampled} of the design's" in r["message"]
+    assert {r["verdict"] for r in records} == {"fail", "skipped"}
+    assert all(r["message"].startswith("not evaluated") for r in records if r["verdict"] == "skipped")
+    repro = shlex.split(failed[0]["reproducer"])
+    assert "--sequential" in repro
+    again = tmp_path / "in-process"
+    assert main([*repro[3:], "--in-process", "--no-progress", "--out", str(again)]) == 1
+    redo = json.loads((again / "results.json").read_text())
+    assert redo["trials"] == doc["trials"]
+    assert [(r["check"], r["verdict"], r["statistic"]) for r in redo["records"]] == [
+        (r["check"], r["verdict"], r["statistic"]) for r in records
+    ]
+
+
+def test_the_reference_passes_on_the_full_combined_count():
+    scenario = ci_scenario("standard-near-target")
+    _, _, count = planned_trials(scenario, SEQUENTIAL_CI)
+    assert count > planned_trials(scenario, get_profile("ci"))[2]  # the chi-square at alpha / 2 needs more
+    result = run(["reference"], [scenario], SEQUENTIAL_CI)
+    assert result.trials[("reference", scenario.name)] == count
+    assert {r.verdict for r in result.records} == {Verdict.PASS}
+    combined = [r for r in result.records if "combined p=" in r.message]  # template 0's acceptance length is a point mass: exact
+    assert [(r.template, r.check) for r in combined] == [(0, "outcome-law")] + [
+        (i, c) for i in (1, 2) for c in ("outcome-law", "acceptance-length")
+    ]
+
+
+def test_a_stopped_scenario_claims_no_pass_it_has_no_power_for():
+    """Counts cut short by a stop (``tally.stopped``): fixed-sample tests (position-law) and a
+    combined check that did not reject are not evaluated, nor is an exact check short of its
+    design count; an exact check's deviation still fails."""
+    scenario = ci_scenario("standard-sampled")
+    templates = materialize(scenario)
+    planned = checks.plan(scenario, templates, SEQUENTIAL_CI)
+    tallies = sample_scenario(load_for_device("reference", "cpu"), scenario, templates, FIRST_LOOK, SEQUENTIAL_CI)
+    for tally in tallies:
+        tally.stopped = True
+    rng = np.random.default_rng(0)
+    assert {c.name for c in planned} == {"structure", "position-law", "acceptance-length"}
+    for check in planned:
+        outcome = check.evaluate(tallies[check.template], rng)
+        assert outcome.kind is Kind.SKIPPED and outcome.message.startswith("not evaluated"), (check.name, outcome.message)
+    tallies[0].violations = 1
+    structure = next(c for c in planned if c.name == "structure" and c.template == 0)
+    outcome = structure.evaluate(tallies[0], rng)
+    assert outcome.deviated and "sampling stopped early at 64 trials" in outcome.message

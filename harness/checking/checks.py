@@ -22,6 +22,12 @@ acceptance-rate[j] synthetic only: exact binomial test of step j's conditional a
 draft-law          drafts the backend's own drafter drew (``draft_mode`` "engine"): product-
                    multinomial chi-square, one multinomial per step, against q (exact for a
                    greedy drafter's argmax).
+
+With ``Profile.sequential`` (``--sequential``) the one-multinomial, non-exact checks (outcome-law,
+acceptance-length) are the combined design (``harness.checking.sequential.combined_check``):
+their sequential part is monitored while sampling, and a scenario stops early when it rejects.
+The other checks of a stopped scenario then report only what holds at the shorter count
+(``_when_stopped``).
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +81,7 @@ class Check:
     detectable: object = None  # trials -> smallest TV detected at that many trials (before sampling)
     cells: object = None  # tally -> (observed, expected) counts over the check's cells (law checks)
     kind: str = "statistical"  # "exact" (any deviation fails), "statistical" (a level alpha test) or "skipped"
+    monitor: object = None  # sequential.Monitor: the combined design's part monitored while sampling (Profile.sequential)
 
     def design_detectable(self, trials: int) -> float:
         return self.detectable(trials) if self.detectable else float("nan")
@@ -162,6 +169,10 @@ def gof_check(name, template, probs, label, profile, source, segments=None, reac
     possible = probs > 0
     n_seg = int(np.unique(seg[possible]).size) if segments is not None else int(possible.any())
     exact = int(possible.sum()) <= n_seg  # every segment is a point mass
+    if profile.sequential and segments is None and reach is None and not exact:
+        from harness.checking.sequential import combined_check  # imported here: sequential imports this module
+
+        return combined_check(name, template, probs, label, profile, source)
     design, get_pooled, df = design_pooling(probs if reach is None else probs * reach[seg], profile, steps, n_seg)
     if exact:
         design = power.exact_trials_for_rate(profile.power, profile.tv)
@@ -291,7 +302,7 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
             checks.append(_length_check(i, law.sum(axis=-1), profile))
         if t.draft_sampling is not None and d_eff > 0:
             checks.append(_draft_check(i, t.sampling_probs()[:d_eff], profile))
-    return [c if c.name == "structure" else _needs_trials(c) for c in checks]
+    return [_when_stopped(c if c.name == "structure" else _needs_trials(c)) for c in checks]
 
 
 def _needs_trials(check: Check) -> Check:
@@ -307,6 +318,35 @@ def _needs_trials(check: Check) -> Check:
         if tally.violations:
             why += f" ({tally.violations} of {tally.trials} trials malformed, see structure)"
         return Outcome(Kind.SKIPPED, None, None, None, None, 0.0, 0, float("nan"), None, None, why)
+
+    check.evaluate = evaluate
+    return check
+
+
+def _when_stopped(check: Check) -> Check:
+    """``check`` in a scenario whose sampling a sequential test stopped early (``tally.stopped``),
+    at a trial count the data chose. A combined check (``monitor``) evaluates that itself. An
+    exact check's deviation is certain at any count, and its pass holds from its design count
+    on (no deviation in the first n >= design trials means none in the first design ones);
+    short of that no pass is claimed. A fixed-sample test (chi-square, binomial) is valid only
+    at a count fixed before sampling: not evaluated. Either way, never a pass without power."""
+    if check.monitor is not None or check.kind == "skipped":
+        return check
+    inner = check.evaluate
+
+    def evaluate(tally: TemplateTally, rng) -> Outcome:
+        if not tally.stopped:
+            return inner(tally, rng)
+        where = f"sampling stopped early at {tally.trials:,} trials, when a sequential test rejected"
+        if check.kind == "exact":
+            outcome = inner(tally, rng)
+            if outcome.deviated or (outcome.deviated is not None and outcome.trials >= check.design_trials):
+                outcome.message += f" ({where})"
+                return outcome
+            why = f"not evaluated: {where}, short of this exact check's design count {check.design_trials:,} (no deviation in {outcome.trials:,} trials)"
+        else:
+            why = f"not evaluated: {where}; this fixed-sample test is valid only at a trial count fixed before sampling"
+        return Outcome(Kind.SKIPPED, None, None, None, None, 0.0, tally.trials, float("nan"), None, None, why)
 
     check.evaluate = evaluate
     return check

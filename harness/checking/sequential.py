@@ -44,6 +44,11 @@ By the union bound the check's false-alarm rate is at most ``alpha``; its p-valu
 fixed-draft outcome-law checks of the catalogs at ``alpha = 1e-6``, power 0.99, 2.4 % to 3.8 %
 more trials (median 3.0 %) in ``ci`` and 2.4 % to 6.6 % in ``gpu`` (6.6 % where the larger
 count pools into more bins).
+
+In a run (``Profile.sequential``, ``--sequential``): ``checks.gof_check`` builds one-multinomial,
+non-exact checks as ``combined_check``; a scenario's ``StopRule`` (its checks' ``Monitor``s)
+is looked at by the sampler on the host path, in the worker next to the counts, and stops the
+scenario once a monitored test rejects.
 """
 
 import math
@@ -53,8 +58,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.special import gammaln
 
-from harness.checking import checks
+from harness.checking import checks, power, stats
 from harness.checking.checks import PooledCells
+from harness.evidence.records import Kind
 from harness.scenarios.profiles import Profile
 
 CONCENTRATION = 100.0  # c, the prior's weight in pseudo-trials: of 1, 10, 100, 1000 the fastest on the faults measured (module docstring)
@@ -344,3 +350,105 @@ def combined_p_value(max_log_e: float, chi_square_p: float | None = None) -> flo
     p_seq = math.exp(-max_log_e)
     p = p_seq if chi_square_p is None else min(p_seq, chi_square_p)
     return min(1.0, 2.0 * p)
+
+
+# --- in a run (``Profile.sequential``) --------------------------------------------------------
+@dataclass(frozen=True)
+class Monitor:
+    """A combined check's sequential part as the sampler runs it. Picklable, so that an
+    isolated worker builds the test next to the counts: the template, how the check's counts
+    are read from its tally, the law and the level (the check's ``alpha / 2``)."""
+
+    template: int
+    source: object  # TemplateTally -> the check's counts (a module-level function: pickled by name)
+    probs: np.ndarray  # flat, as the counts are read
+    alpha: float
+
+    def test(self) -> SequentialTest:
+        return SequentialTest(self.probs, self.alpha)
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """A scenario's monitored checks: the ``stop`` that ``sample.start_scenario`` takes."""
+
+    monitors: tuple[Monitor, ...]
+
+    def start(self):
+        """Fresh tests for one sampling of the scenario (each backend samples it once): a
+        function of ``{template: TemplateTally}`` (the templates sampled so far, cumulative
+        counts) that updates each test and says whether any has rejected."""
+        tests = [(m, m.test()) for m in self.monitors]
+
+        def rejected(tallies: dict) -> bool:
+            for m, test in tests:
+                if m.template in tallies and not test.rejected:
+                    test.update(np.asarray(m.source(tallies[m.template])).ravel())
+            return any(test.rejected for _, test in tests)
+
+        return rejected
+
+
+def stop_rule(planned) -> StopRule | None:
+    """The stop rule of a scenario's planned checks, or None when none is monitored."""
+    monitors = tuple(c.monitor for c in planned if c.monitor is not None)
+    return StopRule(monitors) if monitors else None
+
+
+def combined_check(name, template, probs, label, profile: Profile, source) -> checks.Check:
+    """``checks.gof_check`` of a one-multinomial, non-exact law under ``Profile.sequential``:
+    the combined design (``combined_design``), its sequential part monitored while sampling
+    (``Check.monitor``), evaluated on the counts the check ends with:
+
+    - sampled to the scenario's count (at least the design's): both parts at ``alpha / 2``,
+      p-value ``combined_p_value(log E, p_chi)``, the chi-square's stated power;
+    - sampling stopped earlier (``tally.stopped``), at a trial count the data chose: the
+      sequential part alone. ``E`` at a stopping time still has expectation at most 1 under
+      the null (Ville / optional stopping), so ``2 / E`` is a valid p-value there; it is the
+      ``sup E`` of the looks when this test stopped the sampling (the first crossing). A
+      rejection fails the check (p <= alpha: Holm rejects it whatever the family). Otherwise
+      another check stopped the scenario and this one is not evaluated (skipped, with its
+      ``log E``): the chi-square is valid only at its design count, and the sequential part
+      alone has no stated power.
+
+    ``E`` is recomputed here from the final counts (the worker sends counts only); the message
+    gives ``log E``, the trials where sampling stopped, and the design count."""
+    probs = np.asarray(probs, dtype=np.float64).ravel()
+    design = combined_design(probs, profile)
+    half = half_profile(profile)
+    threshold = math.log(1.0 / half.alpha)
+
+    def cells(tally):
+        observed = np.asarray(source(tally), dtype=np.float64).ravel()
+        return observed, probs * observed.sum()
+
+    def evaluate(tally, rng) -> checks.Outcome:
+        observed = np.asarray(source(tally)).ravel()
+        trials = int(observed.sum())
+        seq = design.sequential().update(observed)
+        o, impossible = design.cells.pool(observed)
+        r = stats.chi_square_pooled(o, design.cells.probs * trials, impossible, rng)
+        summary = checks._cells_summary(label, None, None, design.cells.bins, pooled=r.pooled, impossible=impossible)
+        if not tally.stopped:
+            p = combined_p_value(seq.max_log_e, r.p_value)
+            msg = f"X2={r.statistic:.2f} df={r.df} p={r.p_value:.3g}; sequential log E={seq.log_e:.4g} (rejects at {threshold:.4g}); combined p={p:.3g}"
+            detect = power.detectable_tv(half.alpha, profile.power, design.df, trials)
+            return checks.Outcome(Kind.GOF, None, r.statistic, r.df, p, profile.alpha, trials, detect, r.tv_estimate, r.tv_ci, msg, summary)
+        where = f"sampling stopped at {tally.trials:,} of the design's {design.trials:,} trials"
+        if seq.rejected:
+            p = combined_p_value(seq.max_log_e)
+            msg = f"sequential test rejected: log E={seq.log_e:.4g} >= log(2/alpha)={threshold:.4g}; {where}; combined p=2/E={p:.3g}"
+            if impossible:
+                msg = f"{impossible} observation(s) in zero-probability cells; " + msg
+            return checks.Outcome(Kind.GOF, None, seq.log_e, None, p, profile.alpha, trials, math.nan, r.tv_estimate, r.tv_ci, msg, summary)
+        why = (
+            f"not evaluated: {where}, when another check's sequential test rejected; this one's did not "
+            f"(log E={seq.log_e:.4g} < {threshold:.4g}), and its chi-square is valid only at its design count"
+        )
+        return checks.Outcome(Kind.SKIPPED, None, None, None, None, 0.0, trials, math.nan, r.tv_estimate, r.tv_ci, why, summary)
+
+    def detectable(n):
+        return power.detectable_tv(half.alpha, profile.power, design.df, n)
+
+    monitor = Monitor(template, source, probs, half.alpha)
+    return checks.Check(name, template, design.trials, evaluate, detectable, cells, "statistical", monitor)

@@ -1,10 +1,12 @@
-"""Planning: each scenario's templates, checks and trial count, computed in a background
-thread in sampling order (the costliest first) while the backends already sample."""
+"""Planning: each scenario's templates, checks, trial count and stop rule (its monitored
+checks, ``Profile.sequential``), computed in a background thread in sampling order (the
+costliest first) while the backends already sample."""
 
 import threading
 import time
 
 from harness.checking import checks as checks_mod
+from harness.checking.sequential import stop_rule
 from harness.scenarios.materialize import materialize
 from harness.scenarios.profiles import Profile
 from harness.scenarios.scenario import Scenario
@@ -66,10 +68,13 @@ class Plans:
             raise self._error or RuntimeError("planning was cancelled")
         return self._plans[i]
 
-    def work(self, i: int) -> tuple[Scenario, int] | None:
-        """(scenario, trials) to sample, or None when planning failed or was cancelled."""
+    def work(self, i: int) -> tuple | None:
+        """(scenario, trials, stop rule or None) to sample, or None when planning failed or was cancelled."""
         self._done[i].wait()
-        return None if self._plans[i] is None else (self._scenarios[i], self._plans[i][1])
+        if self._plans[i] is None:
+            return None
+        planned, count = self._plans[i]
+        return self._scenarios[i], count, stop_rule(planned)
 
     def wait(self) -> None:
         self._thread.join()

@@ -1,8 +1,10 @@
 """One runner for the CLI and pytest: scenarios -> backend -> tally -> checks -> records.
 
-Trial counts are fixed before sampling (the largest any planned check needs); the
-backend sees chunks of trials sized to a memory budget; only counts are kept. The stages
-overlap: a background thread plans the scenarios in order (``Plans``), every backend's
+Trial counts are fixed before sampling (the largest any planned check needs); with
+``Profile.sequential`` a scenario stops earlier when a monitored check's sequential test
+rejects (``harness.checking.sequential``), and its checks say how they read the shorter
+counts. The backend sees chunks of trials sized to a memory budget; only counts are kept.
+The stages overlap: a background thread plans the scenarios in order (``Plans``), every backend's
 worker starts at once and takes each scenario as it is planned (``Sampling``), and the
 checks of a scenario are evaluated as its tallies arrive, in catalog order. Checks are
 never retried. Holm's step-down controls the family-wise false-alarm rate of the run's
@@ -39,7 +41,7 @@ class RunResult:
     family_alpha: float
     seconds: float
     backend_seconds: dict = field(default_factory=dict)
-    trials: dict = field(default_factory=dict)  # (backend, scenario) -> trials per template
+    trials: dict = field(default_factory=dict)  # (backend, scenario) -> trials per template actually sampled
     scenarios: dict = field(default_factory=dict)  # name -> scenario as JSON data
     planned_checks: dict = field(default_factory=dict)  # scenario -> checks planned for it (each backend's share's denominator)
     backend_environments: dict = field(default_factory=dict)  # backend -> versions it loaded with (its worker's)
@@ -96,6 +98,8 @@ def reproducer(backend: str, profile: Profile, seed: int, scenario_ref: str, dev
     cmd += ["--seed", str(seed), "--scenario", scenario_ref]
     if profile.alpha != get_profile(profile.name).alpha:
         cmd += ["--alpha", repr(profile.alpha)]
+    if profile.sequential:
+        cmd += ["--sequential"]
     if device != "cpu":
         cmd += ["--device", device]
     src = os.environ.get("SPECDEC_VLLM_SRC")
@@ -175,7 +179,7 @@ class Sampling:
             item = None if self._stop.is_set() else self._work(i)
             if item is None:
                 return
-            yield item
+            yield item if self._device == "cpu" else item[:2]  # the device path does not look: no stop rule to send
 
     def _serve(self, shard: list[int], gpu: int | None) -> None:
         from harness.sampling.worker import sample_isolated
@@ -325,8 +329,8 @@ def _evaluate_backend(result: RunResult, name, scenarios, plans: Plans, sampling
             elapsed += outcome[2]
             if outcome[3] is not None:
                 result.sample_calls.setdefault(name, []).extend(outcome[3])
-            result.trials[(name, scenario.name)] = count
             tallies = outcome[1]
+            result.trials[(name, scenario.name)] = max((t.trials for t in tallies if not isinstance(t, Declined)), default=count)
             if any(getattr(t, "repeatable", None) is False for t in tallies):
                 result.unrepeatable.setdefault(name, []).append(scenario.name)
             t0 = time.perf_counter()

@@ -1,7 +1,12 @@
 """One scenario through one backend: what it supports (per template when a batch is
 declined), chunks of trials within the profile's memory budget, the host path or the
 device path (inputs built and outputs tallied on the backend's device), repeatability,
-and the outcome (tallies, unsupported or error) that leaves this stage."""
+and the outcome (tallies, unsupported or error) that leaves this stage.
+
+A scenario with a stop rule (``stop``: its monitored checks, ``harness.checking.sequential``)
+is looked at on the host path after ``FIRST_LOOK`` trials and then each time the trials
+double, and stops early once a monitored check rejects (``TemplateTally.stopped``). The device
+path does not look: it samples the full count."""
 
 import time
 import traceback
@@ -15,6 +20,8 @@ from harness.sampling.tally import TemplateTally, add_outputs
 from harness.scenarios.materialize import materialize, trials
 from harness.scenarios.profiles import Profile
 from harness.scenarios.scenario import Scenario
+
+FIRST_LOOK = 64  # trials at a stop rule's first look; each later look doubles them
 
 
 class Unsupported(Exception):
@@ -57,14 +64,19 @@ class Declined:
     reason: str
 
 
-def start_scenario(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
+def start_scenario(backend, scenario: Scenario, templates, count: int, profile: Profile, stop=None) -> Started:
     """``sample_scenario`` up to its last wait: batches built and tallied on a GPU are left
     queued there, only the host path's tallies are complete. Templates the backend declines
-    are ``Declined`` in the tallies; the rest are sampled in as few batches as it accepts."""
+    are ``Declined`` in the tallies; the rest are sampled in as few batches as it accepts.
+    ``stop``: the scenario's stop rule (``sequential.StopRule``: ``stop.start()`` gives a
+    function of ``{template: tally}`` that says whether to stop), or None."""
     groups, declined, reason = accepted_groups(backend, scenario, templates)
     if not groups:
         raise Unsupported(reason)
-    started = [(group, _start_group(backend, scenario, [templates[i] for i in group], count, profile)) for group in groups]
+    rule = None if stop is None else stop.start()
+    started = [
+        (group, _start_group(backend, scenario, [templates[i] for i in group], count, profile, _looks(rule, group))) for group in groups
+    ]
 
     def tallies():
         out: list = [Declined(declined[i]) if i in declined else None for i in range(len(templates))]
@@ -114,7 +126,15 @@ def _asked(backend, scenario: Scenario, templates) -> str | None:
     raise ProtocolError(f"backend {name!r}: supports() returned {reason!r}; expected None or a non-empty reason string")
 
 
-def _start_group(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
+def _looks(rule, group: list[int]):
+    """The stop rule's look at one group's tallies (a function of them), or None."""
+    return None if rule is None else (lambda tallies: rule(dict(zip(group, tallies))))
+
+
+def _start_group(backend, scenario: Scenario, templates, count: int, profile: Profile, looks=None) -> Started:
+    """One batch of templates to ``count`` trials; with ``looks`` (host path only), looked at
+    after ``FIRST_LOOK`` trials and each time they double (about ten looks to a ``ci`` count, so
+    small calls and the looks' cost stay negligible), and stopped once it says so."""
     drafted = scenario.draft_mode == "engine"  # the backend's drafter draws: its drafts come back with its outputs
     if getattr(backend, "device_batches", False) and not drafted:
         return _sample_on_device(backend, scenario, templates, count, profile)
@@ -123,7 +143,7 @@ def _start_group(backend, scenario: Scenario, templates, count: int, profile: Pr
     chunk = _chunk_trials(scenario, templates, profile.chunk_elements)
     done = 0
     while done < count:
-        n = min(chunk, count - done)
+        n = min(chunk, count - done, max(FIRST_LOOK, done) if looks else count)
         tr = trials(scenario, templates, done, n)
         batch = tr.batch
         result = backend.sample(batch)
@@ -138,6 +158,10 @@ def _start_group(backend, scenario: Scenario, templates, count: int, profile: Pr
             return Started.complete(_all_malformed(tallies, count, str(e)))
         add_outputs(tallies, tokens, emitted, drafts, done, drafted)
         done += n
+        if looks is not None and done < count and looks(tallies):
+            for tally in tallies:
+                tally.stopped = True
+            break
     for tally in tallies:
         tally.repeatable = repeatable
     return Started.complete(tallies)
@@ -221,7 +245,9 @@ def device_trials(backend, scenario: Scenario, templates, count: int, profile: P
 def _sample_on_device(backend, scenario: Scenario, templates, count: int, profile: Profile) -> Started:
     """Inputs built and outputs tallied on the backend's device (``harness.sampling.device.trials``);
     the counts are left queued there (``DeviceTally.start_finish``). The first chunk is
-    sampled twice, so that a backend whose outputs differ for the same inputs is flagged."""
+    sampled twice, so that a backend whose outputs differ for the same inputs is flagged.
+    No stop rule is looked at here (the counts stay on the device until the end): the full
+    count is sampled."""
     from harness.sampling.device.tally import DeviceTally
 
     built, chunk = device_trials(backend, scenario, templates, count, profile)
@@ -308,11 +334,11 @@ def _no_sync():
     pass
 
 
-def sample_one(backend, scenario: Scenario, profile: Profile, count: int, time_backend: bool = False) -> tuple:
+def sample_one(backend, scenario: Scenario, profile: Profile, count: int, time_backend: bool = False, stop=None) -> tuple:
     """("tallies", tallies, seconds, [(start, end)] of the ``backend.sample`` calls or None) |
     ("unsupported", reason) | ("error", message). ``time_backend``: measure the calls (off
-    by default: on CUDA it synchronizes around every call)."""
-    return start_one(backend, scenario, profile, count, time_backend).outcome()
+    by default: on CUDA it synchronizes around every call). ``stop``: as ``start_scenario``."""
+    return start_one(backend, scenario, profile, count, time_backend, stop).outcome()
 
 
 class StartedOne:
@@ -342,7 +368,7 @@ class StartedOne:
         return self._outcome
 
 
-def start_one(backend, scenario: Scenario, profile: Profile, count: int, time_backend: bool = False) -> StartedOne:
+def start_one(backend, scenario: Scenario, profile: Profile, count: int, time_backend: bool = False, stop=None) -> StartedOne:
     """``sample_one`` up to its last wait (``start_scenario``); an error raised here is the
     outcome. Its seconds are those spent here and in waiting for its counts, not the next
     scenario's start in between (``sample_stream``)."""
@@ -350,7 +376,7 @@ def start_one(backend, scenario: Scenario, profile: Profile, count: int, time_ba
         templates = materialize(scenario)
         timed = TimedBackend(backend) if time_backend else None
         t0 = time.perf_counter()
-        started = start_scenario(timed or backend, scenario, templates, count, profile)
+        started = start_scenario(timed or backend, scenario, templates, count, profile, stop)
         return StartedOne(started, None, time.perf_counter() - t0, timed)
     except Exception as e:
         return StartedOne(None, _failure(e))

@@ -4,9 +4,10 @@
 The worker (a fresh ``spawn`` process) starts at once, binds its own vLLM source tree if the
 backend name asks for one (``vllm-mrv2@PATH``) and loads the backend, saying so first
 (``LOADING``: the load has the scenarios' timeout). Work items then come through its pipe;
-for each one it materializes the inputs, samples and tallies, sending back the tallies alone,
-framed (``framing.Framed``). On a GPU it streams (``stream.sample_stream``), in turns when it
-shares the GPU with other backends' workers (``turns.serve_turns``).
+for each one it materializes the inputs, samples and tallies (stopping early where the item's
+stop rule says so), sending back the tallies alone, framed (``framing.Framed``). On a GPU it
+streams (``stream.sample_stream``), in turns when it shares the GPU with other backends'
+workers (``turns.serve_turns``).
 
 A worker leads a process group of its own, so a backend's own child processes go with it
 (the parent kills the group). It starts with SIGINT and SIGTERM blocked (``ENDING_SIGNALS``)
@@ -63,11 +64,11 @@ def serve(conn, name, device, profile_fields, gpu=None, time_backend=False, turn
         serve_turns(conn, backend, device, profile, gpu, time_backend, turns, beat)
         return
     while (item := next_item(conn)) is not None:
-        data, count = item
+        data, count, stop = item
         with device_turn(turns, gpu, lambda: conn.send(WAITING), beat):
             if turns is not None:
                 conn.send(TURN)
-            outcome = sample_one(backend, Scenario.from_dict(data), profile, count, time_backend)
+            outcome = sample_one(backend, Scenario.from_dict(data), profile, count, time_backend, stop)
             if turns is not None and device != "cpu":
                 return_cached_memory()  # the next worker's turn needs the GPU's memory
         conn.send(outcome)
@@ -98,6 +99,6 @@ def _log_to(path: str, name: str) -> None:
 
 
 def _items(conn):
-    """(scenario, trials) as the parent sends them, until it sends None (or is gone)."""
+    """(scenario, trials, stop rule) as the parent sends them, until it sends None (or is gone)."""
     while (item := next_item(conn)) is not None:
-        yield Scenario.from_dict(item[0]), item[1]
+        yield Scenario.from_dict(item[0]), item[1], item[2]

@@ -29,7 +29,8 @@ def sample_stream(backend, work, profile: Profile, time_backend: bool = False, a
     device's memory, so the device works while the host builds the next inputs.
     ``available()``: whether the next item of ``work`` can be had without waiting; while it
     cannot, the oldest queued outcome is given first (a worker must not block on its pipe
-    holding the outcome its parent waits for). Default: always."""
+    holding the outcome its parent waits for). Default: always. An item may carry a third
+    element, the scenario's stop rule (``sample.start_scenario``'s ``stop``)."""
     work = iter(work)
     queued = deque()  # (scenario, StartedOne), oldest first, outcomes not yet read
 
@@ -44,8 +45,8 @@ def sample_stream(backend, work, profile: Profile, time_backend: bool = False, a
         item = next(work, None)
         if item is None:
             break
-        scenario, count = item
-        queued.append((scenario, start_one(backend, scenario, profile, count, time_backend)))
+        scenario, count, *stop = item
+        queued.append((scenario, start_one(backend, scenario, profile, count, time_backend, stop=stop[0] if stop else None)))
         while queued and (queued[0][1].ready() or len(queued) > ahead or _memory_full(backend)):
             yield oldest()
     while queued:

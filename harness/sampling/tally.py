@@ -23,6 +23,7 @@ class TemplateTally:
     example: dict | None = None
     repeatable: bool | None = None  # same outputs from two calls on the same inputs (None: not asked)
     drafted: np.ndarray | None = None  # [d, V] the drafts a backend's own drafter drew, per step (valid trials)
+    stopped: bool = False  # sampling stopped before the scenario's count: a monitored (sequential) check rejected
 
     def __post_init__(self):
         d, v = self.effective_drafts, self.vocab

@@ -6,7 +6,8 @@ The worker (a fresh ``spawn`` process, ``serve.serve``) starts at once, binds it
 source tree if the backend name asks for one (``vllm-mrv2@PATH``) and loads the backend while
 the parent is still planning. Work items then stream through a duplex pipe as they are
 planned; for each one the worker materializes the inputs, samples and tallies, sending back
-the tallies alone. The parent plans and evaluates the checks. A worker that dies (a CUDA
+the tallies alone. An item may carry the scenario's stop rule (``--sequential``): the worker
+then stops the scenario early next to its counts, and no counts cross the pipe before. The parent plans and evaluates the checks. A worker that dies (a CUDA
 fault, a segfault), that sends nothing for ``timeout`` seconds or that sends a malformed
 message is killed; that scenario gets an error record and a fresh worker takes the remaining
 scenarios, except after a hang (below). An import failure is the backend's own load verdict.
@@ -151,8 +152,9 @@ class _Worker:
         return self._receiver.ready()
 
     def send_item(self, item) -> None:
-        """A (scenario, trials) work item, as the worker reads it (``serve._items``)."""
-        self._sender.send((item[0].to_dict(), item[1]))
+        """A (scenario, trials[, stop rule]) work item, as the worker reads it (``serve._items``):
+        the stop rule travels with it, so the worker stops next to the counts."""
+        self._sender.send((item[0].to_dict(), item[1], item[2] if len(item) > 2 else None))
 
     def finish(self) -> None:
         """No more work: the worker exits."""
@@ -306,5 +308,5 @@ def _not_sampled(sent, items, hung, timeout):
     why = ("error", f"not sampled: this backend timed out on an earlier scenario ({hung.name}, after {timeout:g} s)")
     while sent:
         yield sent.popleft()[0], why
-    for scenario, _ in items:
-        yield scenario, why
+    for item in items:
+        yield item[0], why

@@ -19,6 +19,10 @@ class Profile:
     chunk_elements: int = 1 << 24  # logits per backend call (memory budget), host batches
     device_chunk_elements: int = 1 << 30  # the same for batches built on a GPU (4 GiB of fp32 rows)
     description: str = ""
+    # One-multinomial checks as the combined design (harness.checking.sequential): a sequential
+    # test monitored while sampling stops a wrong implementation early. Opt-in (--sequential):
+    # it costs a passing implementation 2.4-6.6 % more trials (docs/sequential.md).
+    sequential: bool = False
 
 
 PROFILES = {
