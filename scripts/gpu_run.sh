@@ -5,7 +5,7 @@
 # -d vendor/suite-wheels plotly==7.1.0`).
 # vendor/vllm-trees.tar.xz (scripts/vllm_releases.py prepare --pack) holds the python-only trees
 # of every release the `releases` step verifies; it is unpacked into vendor/ first.
-# Usage: OUT=/some/dir [STEPS="releases coldstart verdict runs runbench pytest kernels"] [VERDICT_ARGS="--backend triton"]
+# Usage: OUT=/some/dir [STEPS="releases coldstart verdict runs runbench pytest kernels"] [COLD_PYTEST="suites/ -m gpu -n 4"] [VERDICT_ARGS="--backend triton"]
 #        [PYTEST_ARGS="suites/test_triton_gpu.py -m gpu"] [KERNEL_ARGS="--backends triton,vllm-mrv2"] bash scripts/gpu_run.sh
 #   -> $OUT/gpu_results.tgz (logs, JSON, reports)
 set -u
@@ -41,7 +41,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 has releases && step releases "${RELEASES_TIMEOUT:-540}" python scripts/vllm_releases.py run --trees vendor --profile gpu \
   --device cuda --history "$WORK/releases.sqlite" --out "$WORK/releases" --json "$WORK/vllm-releases.json" ${RELEASES_ARGS:-}
 has coldstart && step bench_cold_start "${COLD_TIMEOUT:-540}" python benchmarks/bench_cold_start.py --json "$WORK/bench_cold_start.json" \
-  --cache-out "$WORK/triton-cache.tar.gz" ${COLD_ARGS:-}
+  --cache-out "$WORK/triton-cache.tar.gz" ${COLD_PYTEST:+--pytest "$COLD_PYTEST" --pytest-cache-out "$WORK/triton-cache-pytest.tar.gz"} ${COLD_ARGS:-}
 has verdict && step bench_verdict "${VERDICT_TIMEOUT:-240}" python benchmarks/bench_verdict.py --json "$WORK/bench_verdict.json" ${VERDICT_ARGS:-}
 if has runs; then
   for b in triton vllm-mrv2 vllm-v1; do
