@@ -8,6 +8,8 @@
                        ``compute_probs_and_sample_next_token`` for drafts it draws (``harness.backends.vllm.v1_drafting``).
 ``vllm-v0-typical``    vLLM V0's ``TypicalAcceptanceSampler``, bound to a V0 release's files with ``@PATH``
                        (``harness.backends.vllm.v0_typical``).
+``vllm-v0-rejection``  vLLM V0's ``RejectionSampler`` (PyTorch), bound to a V0 release's files with ``@PATH``
+                       (``harness.backends.vllm.v0_rejection``).
 ``fault:NAME``         the reference with one planted bug (``harness.backends.faults``).
 ``triton-fault:NAME``  the Triton sampler with one planted kernel bug (``harness.backends.triton.faults``).
 ``pkg.mod:Attr``       a third-party implementation: a class (instantiated with no
@@ -59,6 +61,7 @@ NAMED = {
     "vllm-mrv2": "harness.backends.vllm.drafting:VllmMrv2DrafterBackend",  # MRV2's verifier, and its drafter when asked
     "vllm-v1": "harness.backends.vllm.v1_drafting:VllmV1DrafterBackend",  # V1's verifier, and its proposers' drafting when asked
     "vllm-v0-typical": "harness.backends.vllm.v0_typical:VllmV0TypicalBackend",  # V0's TypicalAcceptanceSampler (@PATH: its files)
+    "vllm-v0-rejection": "harness.backends.vllm.v0_rejection:VllmV0RejectionBackend",  # V0's RejectionSampler (@PATH: its files)
 }
 
 

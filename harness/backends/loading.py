@@ -15,7 +15,7 @@ def split_source(name: str) -> tuple[str, str | None]:
 
 # Built-in backends whose PATH is a folder of a release's files, loaded by path: they never
 # ``import vllm``, so the process's vLLM (if one was imported) does not matter to them.
-FILE_TREES = ("vllm-v0-typical",)
+FILE_TREES = ("vllm-v0-typical", "vllm-v0-rejection")
 
 
 def load_for_device(name: str, device: str):
