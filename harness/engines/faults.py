@@ -3,6 +3,7 @@ transformers release with one wiring bug of a class engines have shipped. Each p
 the engine inside the worker process for the whole run; nothing else changes."""
 
 import contextlib
+import copy
 
 FAULTS = {
     "greedy-draft-soft-q": "the assistant decodes greedily while its processed softmax is the verifier's q (HF #32867 before PR #33534)",
@@ -29,7 +30,7 @@ def planted(name: str | None, assistant):
     def generate(*args, **kwargs):
         config = kwargs.get("generation_config")
         if config is not None:
-            config = kwargs["generation_config"] = _copy(config)
+            config = kwargs["generation_config"] = copy.deepcopy(config)
         if name == "greedy-draft-soft-q":
             config.do_sample = False
             return original(*args, **kwargs)
@@ -51,12 +52,6 @@ def restore_generate(model, previous) -> None:
         vars(model).pop("generate", None)
     else:
         model.generate = previous
-
-
-def _copy(config):
-    import copy
-
-    return copy.deepcopy(config)
 
 
 def _top_k_class():

@@ -206,11 +206,18 @@ def _audit_record(engine, scenario, check, what, given, truth, calls, repro) -> 
     )  # fmt: skip
 
 
-def _audit_q(engine, scenario, calls, repro) -> CheckRecord:
+def _unmatched(engine, scenario, check, calls, repro) -> CheckRecord | None:
+    """An error record where the assistant's draws could not be matched to its candidates."""
     unmatched = [c["how"] for c in calls if c["drafted"] is None]
-    if unmatched:
-        message = f"the assistant's draws could not be matched to its candidates ({unmatched[0]})"
-        return CheckRecord(engine, scenario.name, 0, "verifier-q", Verdict.ERROR, Kind.ERROR, message, repro, "engine")
+    if not unmatched:
+        return None
+    message = f"the assistant's draws could not be matched to its candidates ({unmatched[0]})"
+    return CheckRecord(engine, scenario.name, 0, check, Verdict.ERROR, Kind.ERROR, message, repro, "engine")
+
+
+def _audit_q(engine, scenario, calls, repro) -> CheckRecord:
+    if error := _unmatched(engine, scenario, "verifier-q", calls, repro):
+        return error
     how = sorted({c["how"] for c in calls})
     what = f"the verifier's q vs the law the assistant drew its candidates from ({', '.join(how)})"
     given = [np.asarray(c["q"], dtype=np.float64).reshape(-1, scenario.vocab) for c in calls]
@@ -232,9 +239,8 @@ def _audit_p(engine, scenario, calls, repro) -> CheckRecord:
 def _audit_drafter(engine, scenario, calls, repro) -> CheckRecord:
     """The law the assistant drew each candidate from vs the draft model's law under the
     request's settings (the assistant generates with the request's generation config)."""
-    if any(c["drafted"] is None for c in calls):
-        message = "the assistant's draws could not be matched to its candidates"
-        return CheckRecord(engine, scenario.name, 0, "drafter-law", Verdict.ERROR, Kind.ERROR, message, repro, "engine")
+    if error := _unmatched(engine, scenario, "drafter-law", calls, repro):
+        return error
     given, truth = [], []
     for c in calls:
         seq, k = c["sequence"], c["c"]
