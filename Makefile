@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 test: lint  ## lint, then the CPU suite (GPU tests skip with their reason)
-	HYPOTHESIS_PROFILE=ci $(PY) -m pytest suites/ -m "not gpu" -n $(PYTEST_WORKERS)
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest suites/ -m "not gpu" -n $(PYTEST_WORKERS) --durations=40
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_reference.py
