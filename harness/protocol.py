@@ -61,6 +61,9 @@ logit_bias         [B, L] float32 or None the biases of ``logit_bias_ids`` (not 
                                           temperature; -inf masks the token.
 posterior_threshold [B] float64 or None   typical acceptance's epsilon per request; given
 posterior_alpha    [B] float64 or None    with its delta exactly when a request is typical.
+fly_window_size    [B] int64 or None      FLy's window W, entropy threshold and entropy
+fly_entropy_threshold [B] float64 or None top-k per request; given (all three) exactly
+fly_entropy_top_k  [B] int64 or None      when a request is FLy.
 processing         str or None            whose top-k/top-p rules the law follows at an
                                           exact tie on a boundary ("vllm", "vllm-sort"),
                                           when a request's law depends on them; else None.
@@ -214,6 +217,13 @@ class VerifyBatch:
         Typical acceptance's epsilon and delta per request (``reference.typical``: accept iff
         ``p(x) > min(epsilon, delta * exp(-H(p)))``), finite and ``>= 0``; read only for
         ``Method.TYPICAL`` requests. Given (both) exactly when some request is typical.
+    fly_window_size, fly_entropy_threshold, fly_entropy_top_k : ndarray, shape (B,), or None
+        FLy's parameters per request (``reference.fly``: a native rejection at ``i`` is
+        overridden iff the top-``k`` entropy of the target row is ``>= threshold``, ``p(x) > 0``
+        (and ``q(x) > 0``), a whole window fits before the first placeholder and the next
+        ``W`` positions are natively accepted): int64 ``W >= 1``, float64 threshold finite and
+        ``>= 0``, int64 ``k >= 1``; read only for ``Method.FLY`` requests. Given (all three)
+        exactly when some request is FLy.
     processing : str or None
         ``"vllm"`` (vLLM's Triton top-k/top-p: exactly k, ties to the lowest ids) or
         ``"vllm-sort"`` (its sort path: every tie at the k-th value stays), the rules the
@@ -243,6 +253,9 @@ class VerifyBatch:
     logit_bias: np.ndarray | None = None
     posterior_threshold: np.ndarray | None = None
     posterior_alpha: np.ndarray | None = None
+    fly_window_size: np.ndarray | None = None
+    fly_entropy_threshold: np.ndarray | None = None
+    fly_entropy_top_k: np.ndarray | None = None
 
     @property
     def has_sampling_params(self) -> bool:
@@ -298,8 +311,8 @@ class VerifyBatch:
         least the widest request, distinct non-negative ``request_slots``, a known
         ``logits_dtype``, sampling parameters in range (logit-bias ids in ``[0, V)`` or the
         padding -1, unique per request, biases finite or -inf), a known ``processing``,
-        rates in ``[0, 1]`` for synthetic requests, and typical acceptance's parameters with
-        its requests.
+        rates in ``[0, 1]`` for synthetic requests, and typical acceptance's and FLy's
+        parameters with their requests.
 
         Returns
         -------
@@ -365,6 +378,7 @@ class VerifyBatch:
                 raise ValueError(f"{name}: expected {b} {what}, got shape {x.shape} dtype {x.dtype}")
         self._validate_logit_bias(b)
         self._validate_typical(b)
+        self._validate_fly(b)
         if self.draft_sampling not in (None, "probabilistic", "greedy"):
             raise ValueError(f"draft_sampling: expected None, 'probabilistic' or 'greedy', got {self.draft_sampling!r}")
         if self.draft_sampling is not None and self.draft_logits is None:
@@ -394,6 +408,24 @@ class VerifyBatch:
                 raise ValueError(f"{name}: expected [{b}] floats, got shape {value.shape} dtype {value.dtype}")
             if not np.all(np.isfinite(value) & (value >= 0)):
                 raise ValueError(f"{name}: every value must be finite and >= 0")
+
+    def _validate_fly(self, b: int) -> None:
+        names = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
+        values = [getattr(self, name) for name in names]
+        fly = bool((self.methods == Method.FLY).any())
+        if any((v is None) == fly for v in values):
+            raise ValueError(f"{', '.join(names)}: given (all three [B]) exactly when some request is FLy")
+        if not fly:
+            return
+        for name, value, integral, ok, what in (
+            (names[0], values[0], True, lambda x: x >= 1, "integers >= 1"),
+            (names[1], values[1], False, lambda x: np.isfinite(x) & (x >= 0), "finite floats >= 0"),
+            (names[2], values[2], True, lambda x: x >= 1, "integers >= 1"),
+        ):
+            value = np.asarray(value)
+            kind = np.integer if integral else np.floating
+            if value.shape != (b,) or not np.issubdtype(value.dtype, kind) or not np.all(ok(value)):
+                raise ValueError(f"{name}: expected [{b}] {what}, got shape {value.shape} dtype {value.dtype}")
 
     def _validate_logit_bias(self, b: int) -> None:
         ids, bias = self.logit_bias_ids, self.logit_bias

@@ -31,4 +31,8 @@ The package defines no names of its own; its public API is in its modules:
 * ``reference.rng``: counter-based float64 uniforms keyed by (seed, position, stream).
 * ``reference.synthetic``: closed forms of the lossy synthetic mode.
 * ``reference.typical``: typical acceptance (vLLM V0, Medusa): its rule and exact laws.
+* ``reference.fly``: FLy (vLLM 0.33.0's entropy-gated deferred verification): its rule and
+  exact laws.
+* ``reference.tree``: tree verification (SGLang's EAGLE rule, SpecInfer's multi-round rule):
+  draft trees, seeded samplers and exact laws.
 """

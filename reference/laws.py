@@ -10,7 +10,9 @@ The outcome of a request is ``(n, y)``: ``n`` drafts accepted, then token ``y`` 
 for drafts drawn from a proposal it is the mixture over all drafts. The laws reuse
 ``reference.rules``, the same rules the sampler draws from; the sampler is checked
 against these laws statistically, and the laws against losslessness exactly
-(``completed_sequence_law`` equals the product of target rows).
+(``completed_sequence_law`` equals the product of target rows). FLy's law
+(``reference.fly``) needs its parameters and is refused here; typical acceptance's is
+``reference.typical``'s.
 """
 
 import itertools
@@ -30,6 +32,11 @@ def _normalize(w: np.ndarray) -> np.ndarray:
 
 def _check(method, target, draft, rates):
     method = Method(method)
+    if method is Method.FLY:  # a rule over the whole chain: the standard per-step law would pass silently
+        raise ValueError(
+            "method: FLy's law depends on its window, entropy threshold and top-k, and is not a chain of per-step laws: "
+            "use reference.fly.fixed_draft_law / sampled_draft_law"
+        )
     target = check_probs(target, "target")
     if target.ndim != 2:
         raise ValueError(f"target: expected [num_drafts + 1, V], got shape {target.shape}")

@@ -11,6 +11,7 @@ class Method(IntEnum):
     BLOCK = 2  # Sun et al. 2024, block verification
     SYNTHETIC = 3  # lossy: forced conditional acceptance rates
     TYPICAL = 4  # lossy: Medusa's typical acceptance as vLLM V0 has it (reference.typical)
+    FLY = 5  # lossy: FLy's entropy-gated deferred rejections as vLLM 0.33.0 has them (reference.fly)
 
     @classmethod
     def parse(cls, name: str) -> "Method":
@@ -22,4 +23,4 @@ class Method(IntEnum):
 
     @property
     def lossless(self) -> bool:
-        return self not in (Method.SYNTHETIC, Method.TYPICAL)
+        return self not in (Method.SYNTHETIC, Method.TYPICAL, Method.FLY)

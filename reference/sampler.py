@@ -13,14 +13,14 @@ import dataclasses
 
 import numpy as np
 
-from reference import processing, rules, typical
+from reference import fly, processing, rules, typical
 from reference.distributions import RepeatingRows, pad_vocab, repeat_period, softmax_rows
 from reference.methods import Method
 from reference.rng import Stream, uniforms
 
 
 class ReferenceSampler:
-    """Greedy, strict, standard (with or without draft probabilities), block, synthetic, typical."""
+    """Greedy, strict, standard (with or without draft probabilities), block, synthetic, typical, FLy."""
 
     stop_at_rejection = True  # a rejection ends the request's verification
     drafter = True  # draws its own drafts when a batch asks (``draft_sampling``)
@@ -57,6 +57,15 @@ class ReferenceSampler:
         if batch.posterior_threshold is None or batch.posterior_alpha is None:
             raise ValueError("posterior_threshold, posterior_alpha: a batch with typical requests must give both")
         return np.asarray(batch.posterior_threshold, dtype=np.float64), np.asarray(batch.posterior_alpha, dtype=np.float64)
+
+    def request_fly_params(self, batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-request FLy ``(window, entropy_threshold, entropy_top_k)`` [B] each, as the batch
+        gives them (the protocol requires them with FLy requests)."""
+        names = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
+        if any(getattr(batch, name, None) is None for name in names):
+            raise ValueError(f"{', '.join(names)}: a batch with FLy requests must give all three")
+        w, thr, k = (np.asarray(getattr(batch, name)) for name in names)
+        return w.astype(np.int64), thr.astype(np.float64), k.astype(np.int64)
 
     def target_probs(self, logits: np.ndarray, temperature: np.ndarray) -> np.ndarray:
         return softmax_rows(logits, temperature)
@@ -139,6 +148,26 @@ class ReferenceSampler:
         """The token emitted at the first rejection: the target row's argmax."""
         return typical.recovered_tokens(target_rows)
 
+    # --- FLy (reference.fly) ----------------------------------------------------------
+    def fly_entropy(self, gate_rows, top_k):
+        """The top-k entropy gating an override (``compute_fly_entropy``)."""
+        return fly.topk_entropy(gate_rows, top_k)
+
+    def fly_deferrable(self, gate_rows, draft_rows, x, threshold, top_k, greedy):
+        """Whether a native rejection of ``x`` may be overridden, the window aside."""
+        out = np.empty(x.shape, dtype=bool)
+        h = self.fly_entropy(gate_rows, top_k)
+        for g in (True, False):  # greedy rows read no draft probability
+            m = greedy == g
+            if m.any():
+                d = None if draft_rows is None else draft_rows[m]
+                out[m] = fly.deferrable(gate_rows[m], d, x[m], threshold[m], top_k[m], greedy=g, entropy=h[m])
+        return out
+
+    def fly_passes(self, native, deferred, num_drafts, window):
+        """Which positions pass: natively accepted, or overridden (the window rule)."""
+        return fly.passes(native, deferred, num_drafts, window)
+
     def bonus_row(self, row_start: np.ndarray, num_drafts: np.ndarray) -> np.ndarray:
         return row_start + num_drafts
 
@@ -177,7 +206,9 @@ class ReferenceSampler:
         bias = self.request_logit_bias(batch)
         row_temperature = np.repeat(temperature, counts + 1)
         if params is None and bias is None:
-            target = _per_period(self.target_probs, batch.target_logits, row_temperature)
+
+            def target_at(row_temperature):
+                return _per_period(self.target_probs, batch.target_logits, row_temperature)
         else:
             engine = getattr(batch, "processing", None) or "vllm"
             if params is None:  # a bias alone: top-k, top-p and min-p off
@@ -187,7 +218,11 @@ class ReferenceSampler:
                 return self.processed_target_probs(logits, temperature, top_k, top_p, min_p, engine, *bias)
 
             per_row = [np.repeat(x, counts + 1, axis=0) for x in (*params, *(bias or ()))]
-            target = _per_period(processed, batch.target_logits, row_temperature, per_row)
+
+            def target_at(row_temperature):
+                return _per_period(processed, batch.target_logits, row_temperature, per_row)
+
+        target = target_at(row_temperature)
         draft = _per_period(lambda x, t: self.draft_probs(x, t, vocab), batch.draft_logits, np.repeat(temperature, counts))
         num_drafts = self.effective_draft_counts(drafts, cu)
 
@@ -195,7 +230,8 @@ class ReferenceSampler:
         emitted = np.zeros(num_reqs, dtype=np.int64)
         block = methods == Method.BLOCK
         typical_reqs = methods == Method.TYPICAL
-        chain = ~block & ~typical_reqs
+        fly_reqs = methods == Method.FLY
+        chain = ~block & ~typical_reqs & ~fly_reqs
         if chain.any():
             self._verify_chain(
                 np.flatnonzero(chain), target, draft, drafts, starts, row_start, num_drafts,
@@ -211,7 +247,66 @@ class ReferenceSampler:
                 np.flatnonzero(typical_reqs), target, drafts, starts, row_start, num_drafts,
                 seeds, positions, self.request_typical_params(batch), tokens, emitted,
             )  # fmt: skip
+        if fly_reqs.any():
+            # A greedy FLy row's entropy is read at temperature 1 (reference.fly); others' from the target.
+            greedy_fly = fly_reqs & (temperature == 0)
+            gate = target_at(np.where(row_temperature > 0, row_temperature, 1.0)) if greedy_fly.any() else target
+            self._verify_fly(
+                np.flatnonzero(fly_reqs), target, gate, draft, drafts, starts, row_start, num_drafts,
+                seeds, positions, methods, temperature, self.request_fly_params(batch), tokens, emitted,
+            )  # fmt: skip
         return tokens, emitted
+
+    def _verify_fly(self, reqs, target, gate, draft, drafts, starts, row_start, num_drafts,
+                    seeds, positions, methods, temperature, params, tokens, emitted):  # fmt: skip
+        """FLy: every position's native decision (the chain's rule and uniform) and whether a
+        native rejection there is deferrable; a position passes natively or by an override
+        whose next ``W`` positions are natively accepted (``fly_passes``). The drafts before
+        the first position that does not pass are emitted, then that position's native
+        rejection token, or the bonus when all pass."""
+        window, threshold, top_k = params
+        n = num_drafts[reqs]
+        depth = int(n.max(initial=0))
+        native = np.zeros((reqs.size, depth), dtype=bool)
+        deferred = np.zeros((reqs.size, depth), dtype=bool)
+        greedy = temperature[reqs] == 0
+        for step in range(depth):
+            live = step < n
+            r = reqs[live]
+            rows = row_start[r] + step
+            x = drafts[starts[r] + step]
+            vrows = self.verify_rows(rows, row_start[r] + n[live])
+            draft_rows = None if draft is None else draft[self.draft_index(starts[r], step)]
+            u_accept = uniforms(seeds[r], positions[rows], Stream.ACCEPT)
+            none = np.full(r.size, -1, dtype=np.int64)
+            native[live, step] = self.accept(methods[r], target[vrows], draft_rows, x, u_accept, np.zeros(r.size), none)
+            deferred[live, step] = self.fly_deferrable(gate[vrows], draft_rows, x, threshold[r], top_k[r], greedy[live])
+        ok = self.fly_passes(native, deferred, n, window[reqs])
+        stop = np.full(reqs.size, depth, dtype=np.int64)
+        failed = (~ok).any(axis=1)
+        if failed.any():
+            stop[failed] = np.argmax(~ok[failed], axis=1)
+        stop = np.minimum(stop, n)  # positions past a request's drafts are not verified
+        for step in range(depth):
+            kept = step < stop
+            tokens[reqs[kept], step] = drafts[starts[reqs[kept]] + step]
+        rejected = stop < n
+        if rejected.any():
+            r, step = reqs[rejected], stop[rejected]
+            rows = row_start[r] + step
+            bonus_rows = row_start[r] + n[rejected]
+            u_accept = uniforms(seeds[r], positions[rows], Stream.ACCEPT)
+            u = self.residual_uniform(seeds[r], positions[rows], u_accept)
+            draft_rows = None if draft is None else draft[self.draft_index(starts[r], step)]
+            none = np.full(r.size, -1, dtype=np.int64)
+            residual_rows = target[self.residual_rows(self.verify_rows(rows, bonus_rows), bonus_rows)]
+            tokens[r, step] = self.rejection_token(methods[r], residual_rows, draft_rows, drafts[starts[r] + step], u, none)
+            emitted[r] = step + 1
+        done = reqs[~rejected]
+        rows = self.bonus_row(row_start[done], num_drafts[done])
+        u = uniforms(seeds[done], positions[rows], Stream.RESIDUAL)
+        tokens[done, num_drafts[done]] = self.bonus_token(target[rows], u)
+        emitted[done] = num_drafts[done] + 1
 
     def _verify_typical(self, reqs, target, drafts, starts, row_start, num_drafts,
                         seeds, positions, params, tokens, emitted):  # fmt: skip

@@ -48,6 +48,8 @@ EXPECTED = {
     "drafter-other-precision": ({"draft-law"}, "engine-drafted-offset"),
     "greedy-drafts-verified-with-probs": ({"position-law"}, "engine-greedy-drafter"),
     "typical-threshold-max": ({"outcome-law"}, "typical-fixed"),
+    "fly-entropy-all-tokens": ({"outcome-law"}, "fly-fixed"),
+    "fly-window-unchecked": ({"outcome-law"}, "fly-fixed"),
 }
 
 

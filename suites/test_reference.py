@@ -30,7 +30,7 @@ def test_reference_passes_every_check_of_the_ci_catalog(ci_run):
     bad = [(r.scenario, r.template, r.check, r.verdict, r.message) for r in ci_run.records if r.verdict != "pass"]
     assert not bad, bad
     methods = {r.method for r in ci_run.records}
-    assert methods == {"greedy", "strict", "standard", "block", "synthetic", "typical"}
+    assert methods == {"greedy", "strict", "standard", "block", "synthetic", "typical", "fly"}
     assert len({r.scenario for r in ci_run.records}) >= 25
 
 
@@ -142,7 +142,7 @@ def test_placeholder_is_never_accepted_and_ends_the_drafts():
 
 
 def test_method_codes_cover_the_protocol():
-    assert {m.name for m in Method} == {"STANDARD", "STRICT", "BLOCK", "SYNTHETIC", "TYPICAL"}
+    assert {m.name for m in Method} == {"STANDARD", "STRICT", "BLOCK", "SYNTHETIC", "TYPICAL", "FLY"}
 
 
 def test_mixed_batch_with_degenerate_rows_low_precision_and_scattered_slots():

@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 
-from reference import rules, typical
+from reference import fly, rules, typical
 from reference import synthetic as synth
 from reference.distributions import degenerate_rows, softmax_rows
 from reference.methods import Method
@@ -420,6 +420,25 @@ class TypicalThresholdMax(ReferenceSampler):
         return (x >= 0) & (p_x > thr)
 
 
+class FlyEntropyAllTokens(ReferenceSampler):
+    """FLy's entropy gate summed over the whole target row instead of its ``top_k`` largest
+    probabilities (``compute_fly_entropy``'s ``torch.topk``): rows below the threshold on
+    their top-k but above it on all tokens defer rejections vLLM keeps."""
+
+    def fly_entropy(self, gate_rows, top_k):
+        return fly.topk_entropy(gate_rows, np.asarray(gate_rows).shape[-1])
+
+
+class FlyWindowUnchecked(ReferenceSampler):
+    """FLy overrides a deferrable native rejection once a window fits, without the next ``W``
+    positions' native acceptances (the window's purpose): more drafts are accepted."""
+
+    def fly_passes(self, native, deferred, num_drafts, window):
+        d = native.shape[1]
+        fits = np.arange(d)[None, :] + np.asarray(window)[:, None] < np.asarray(num_drafts)[:, None]
+        return native | (deferred & fits)
+
+
 def torch_free_bfloat16(x: np.ndarray) -> np.ndarray:
     """``x`` rounded to bfloat16 (nearest even), as float64."""
     bits = np.asarray(x, dtype=np.float32).view(np.uint32)
@@ -466,4 +485,6 @@ FAULTS = {
     "drafter-other-precision": DrafterOtherPrecision,
     "greedy-drafts-verified-with-probs": GreedyDraftsVerifiedWithProbs,
     "typical-threshold-max": TypicalThresholdMax,
+    "fly-entropy-all-tokens": FlyEntropyAllTokens,
+    "fly-window-unchecked": FlyWindowUnchecked,
 }

@@ -11,7 +11,8 @@ structure          exact. Every trial emits 1..d+1 in-vocabulary ids whose prefi
                    its drafts (placeholders and everything after them never accepted).
                    The only check for templates with degenerate (NaN or all-masked) rows.
 outcome-law        Chi-square test of (n accepted, emitted token) against the exact law: fixed
-                   drafts, or the mixture over drafts for block verification. Exact when
+                   drafts, or the mixture over drafts for block verification and FLy (whose
+                   steps are not conditionally independent: no position-law). Exact when
                    the law is a point mass (greedy; typical acceptance short of the bonus).
 position-law       drafts drawn per trial, chain methods: product-multinomial chi-square, one
                    multinomial per step over the trials that reach it, cells (accepted
@@ -42,7 +43,7 @@ from harness.sampling.tally import TemplateTally
 from harness.scenarios.materialize import Template
 from harness.scenarios.profiles import Profile
 from harness.scenarios.scenario import Scenario
-from reference import laws, typical
+from reference import fly, laws, typical
 from reference import synthetic as synth
 from reference.methods import Method
 
@@ -273,7 +274,10 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
                 if reach[j] > 0:
                     checks.append(_rate_check(i, j, float(rates[j]), float(reach[j]), profile))
             continue
-        if t.drafts is not None and t.method is Method.TYPICAL:  # a point mass but for the bonus token
+        if t.method is Method.FLY:  # not a chain of per-step laws: checked as (accepted count, token)
+            law = _fly_law(scenario, t, target, visible)
+            checks.append(gof_check("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
+        elif t.drafts is not None and t.method is Method.TYPICAL:  # a point mass but for the bonus token
             law = typical.fixed_draft_law(target, t.drafts[:d_eff], *scenario.typical_params)
             checks.append(gof_check("outcome-law", i, law, _outcome_label(vocab), profile, _outcomes))
         elif t.drafts is not None:
@@ -303,6 +307,16 @@ def plan(scenario: Scenario, templates: list[Template], profile: Profile) -> lis
         if t.draft_sampling is not None and d_eff > 0:
             checks.append(_draft_check(i, t.sampling_probs()[:d_eff], profile))
     return [_when_stopped(c if c.name == "structure" else _needs_trials(c)) for c in checks]
+
+
+def _fly_law(scenario: Scenario, t: Template, target, visible) -> np.ndarray:
+    """FLy's exact ``[d+1, V]`` outcome law, for fixed or per-trial drafts (``reference.fly``)."""
+    d = t.effective_drafts
+    gate = t.fly_gate_probs()  # a greedy request's entropy gate: its rows at T = 1
+    gate = None if gate is None else gate[: d + 1]
+    if t.drafts is not None:
+        return fly.fixed_draft_law(target, visible, t.drafts[:d], *scenario.fly_params, greedy_rows=gate)
+    return fly.sampled_draft_law(target, t.sampling_probs()[:d], *scenario.fly_params, scenario.draft_probs, gate)
 
 
 def _needs_trials(check: Check) -> Check:

@@ -219,6 +219,51 @@ def catalog(profile: Profile, seed: int = 0) -> list[Scenario]:
             posterior_alpha=0.5,
             requests=[R(4, 1.0, "heavy-tail", "near-target"), R(3, 0.8, "heavy-tail", "peaked"), R(2, 1.0, "flat", "near-target")],
         ),
+        # FLy (vLLM 0.33.0's rejection_sample_method "fly"; reference.fly): a native rejection at
+        # a row whose top-k entropy reaches the threshold is overridden when the next W drafts
+        # are natively accepted. V = 6 in every profile: heavy-tail rows' entropies do not depend
+        # on the seed (top-3: 0.95 at T = 1; 0.71 at T = 0.5, where all six tokens give 0.96), so
+        # threshold 0.8 lets the first defer and not the second; flat drafts are often rejected.
+        # The greedy requests' draft ids are chosen for the seed of the CPU profiles (argmax rows
+        # [0, 2, 4], [2, 1, 2, 4], [5, 0, 1]; the GPU profiles' extra scenario above shifts the
+        # seed): the first is accepted whole through an override at position 0; the second too
+        # up to position 2, whose window would be the placeholder (it emits row 2's argmax); the
+        # third's window fails (its second draft misses too): it emits row 0's argmax. The first
+        # four templates are the scenario the CPU tests run vLLM on (suites/test_fly.py).
+        dict(
+            name="fly-fixed",
+            method="fly",
+            vocab_size=6,
+            fly_window_size=1,
+            fly_entropy_threshold=0.8,
+            requests=[
+                R(3, 1.0, "heavy-tail", "flat"),
+                R(3, 0, "flat", "flat", draft_ids=(3, 2, 4)),
+                R(4, 0, "flat", "flat", draft_ids=(0, 1, 5, -1)),
+                R(3, 0, "flat", "flat", draft_ids=(3, 4, 1)),
+                R(4, 0.5, "heavy-tail", "flat"),
+                R(4, 1.0, "heavy-tail", "flat"),
+                R(0, 1.0),
+            ],
+        ),
+        # FLy with drafts drawn per trial and no draft probabilities (native acceptance p(x)),
+        # vLLM's default threshold (0.3) and top-k (3), W = 1; the greedy request's drafts come
+        # from its draft rows at T = 1.
+        dict(
+            name="fly-sampled",
+            method="fly",
+            vocab_size=6,
+            draft_mode="sampled",
+            draft_probs=False,
+            fly_window_size=1,
+            requests=[
+                R(4, 1.0, "heavy-tail", "near-target"),
+                R(3, 0.8, "peaked", "near-target"),
+                R(3, 0, "peaked", "near-target"),
+                R(4, 0.6, "peaked", "flat"),
+                R(3, 1.0, "flat", "same"),
+            ],
+        ),
     ]
     out = []
     for i, spec in enumerate(specs):

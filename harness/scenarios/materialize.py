@@ -100,6 +100,15 @@ class Template:
         t = 0.0 if self.draft_sampling == "greedy" else self.spec.temperature
         return pad_vocab(softmax_rows(self.draft_logits, t), vocab)
 
+    def fly_gate_probs(self) -> np.ndarray | None:
+        """The rows whose top-k entropy and support gate a FLy override of a greedy request:
+        the target at temperature 1 (vLLM divides no greedy row by a temperature; a greedy FLy
+        request has no sampling parameter), ``[d+1, V]``; None when the request samples (its
+        gate is ``target_probs()``: ``reference.fly``)."""
+        if self.spec.temperature > 0:
+            return None
+        return softmax_rows(self.target_logits, 1.0)
+
     def visible_draft_probs(self) -> np.ndarray:
         vocab = self.target_logits.shape[1]
         if self.draft_sampling is not None:
@@ -223,6 +232,7 @@ def trials(s: Scenario, templates: list[Template], first: int, count: int) -> Tr
         draft_sampling=templates[0].draft_sampling,
         **params,
         **typical_arrays(s, methods),
+        **fly_arrays(s, methods),
     )
     return Trials(batch=batch, drafts=drafts)
 
@@ -234,6 +244,16 @@ def typical_arrays(s: Scenario, methods: np.ndarray) -> dict:
         return {"posterior_threshold": None, "posterior_alpha": None}
     eps, delta = s.typical_params
     return {"posterior_threshold": np.full(methods.size, eps, np.float64), "posterior_alpha": np.full(methods.size, delta, np.float64)}
+
+
+def fly_arrays(s: Scenario, methods: np.ndarray) -> dict:
+    """The batch's ``fly_window_size`` / ``fly_entropy_threshold`` / ``fly_entropy_top_k`` ([B]
+    int64, float64, int64: the scenario's ``fly_params``), all None when no request is FLy."""
+    names = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
+    if not (methods == Method.FLY).any():
+        return dict.fromkeys(names)
+    n = methods.size
+    return {name: np.full(n, value, dtype) for name, value, dtype in zip(names, s.fly_params, (np.int64, np.float64, np.int64))}
 
 
 def sampling_arrays(templates: list[Template]) -> dict:

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
+from reference import fly, typical
 from reference import synthetic as synth
-from reference import typical
 from reference.methods import Method
 from reference.processing import MAX_TEMPERATURE as MAX_PROCESSED_TEMPERATURE
 from reference.processing import MIN_TEMPERATURE as MIN_PROCESSED_TEMPERATURE
@@ -30,7 +30,7 @@ from reference.processing import SamplingParams
 
 TARGET_FAMILIES = ("peaked", "flat", "heavy-tail", "topk", "tied")
 DRAFT_FAMILIES = TARGET_FAMILIES + ("near-target", "disjoint", "same", "offset")
-METHOD_NAMES = ("greedy", "strict", "standard", "block", "synthetic", "typical")
+METHOD_NAMES = ("greedy", "strict", "standard", "block", "synthetic", "typical", "fly")
 # reference.processing engines whose top-k/top-p rules differ at exact ties: vLLM's Triton
 # kernel (exactly k, ties to the lowest ids) and its sort path (every tie at the k-th value).
 PROCESSING = ("vllm", "vllm-sort")
@@ -136,6 +136,11 @@ class Scenario:
     # set only when a request's method is "typical"; left out of the JSON when None
     posterior_threshold: float | None = None
     posterior_alpha: float | None = None
+    # FLy's window, entropy threshold and entropy top-k (reference.fly; None: vLLM's defaults
+    # min(6, K - 1), 0.3 and 3), set only when a request's method is "fly"; left out of the JSON when None
+    fly_window_size: int | None = None
+    fly_entropy_threshold: float | None = None
+    fly_entropy_top_k: int | None = None
 
     def __post_init__(self):
         _validate(self)
@@ -163,9 +168,19 @@ class Scenario:
             typical.DEFAULT_POSTERIOR_ALPHA if self.posterior_alpha is None else float(self.posterior_alpha),
         )
 
+    @property
+    def fly_params(self) -> tuple[int, float, int]:
+        """``(window, entropy_threshold, entropy_top_k)`` of FLy requests, vLLM's defaults for None
+        (the window ``min(6, K - 1)`` of ``K = max_drafts``, at least 1)."""
+        return (
+            fly.default_window(self.max_drafts) if self.fly_window_size is None else int(self.fly_window_size),
+            fly.DEFAULT_ENTROPY_THRESHOLD if self.fly_entropy_threshold is None else float(self.fly_entropy_threshold),
+            fly.DEFAULT_ENTROPY_TOP_K if self.fly_entropy_top_k is None else int(self.fly_entropy_top_k),
+        )
+
     def to_dict(self) -> dict:
         d = asdict(self)
-        for name in ("posterior_threshold", "posterior_alpha"):  # scenarios without them keep their JSON
+        for name in _OPTIONAL_FIELDS:  # scenarios without them keep their JSON
             if d[name] is None:
                 del d[name]
         d["requests"] = [_request_dict(r) for r in self.requests]
@@ -216,6 +231,10 @@ class Scenario:
         except RecursionError:
             raise ValueError("scenario JSON: nested too deeply") from None
         return cls.from_dict(data)
+
+
+# Method parameters left out of a scenario's JSON when None (scenarios without them keep theirs).
+_OPTIONAL_FIELDS = ("posterior_threshold", "posterior_alpha", "fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
 
 
 def _request_dict(r: RequestSpec) -> dict:
@@ -377,6 +396,7 @@ def _validate(s: Scenario) -> None:
             raise ValueError(f"scenario.{name}: set only when a request's method is 'typical', got {_brief(value)}")
         if not _is_number(value) or not math.isfinite(value) or value < 0:
             raise ValueError(f"scenario.{name}: expected a finite number >= 0 (vLLM V0 refuses negative values), got {_brief(value)}")
+    _validate_fly(s)
     elements = sum(r.num_drafts + 1 for r in s.requests) * s.vocab_size
     if elements > MAX_TRIAL_ELEMENTS:
         raise ValueError(
@@ -401,6 +421,34 @@ def _validate(s: Scenario) -> None:
             conditional_rates(s)  # raises with the reason when the parameters are invalid
         except ValueError as e:  # the closed forms name their parameter ("rates: ..."): name it in full
             raise ValueError(str(e) if str(e).startswith("scenario.") else f"scenario.synthetic.{e}") from None
+
+
+def _validate_fly(s: Scenario) -> None:
+    """FLy's parameters: set only with a FLy request, each in vLLM's range; FLy requests draw
+    their drafts in the suite, and a greedy one sets no sampling parameter (its entropy gate
+    reads the logits at T = 1, which V1 processes only in a batch with sampled requests)."""
+    fly_requests = [(i, r) for i, r in enumerate(s.requests) if (r.method or s.method) == "fly"]
+    checks = (
+        ("fly_window_size", lambda v: _is_int(v) and 1 <= v <= fly.MAX_WINDOW, f"an integer in [1, {fly.MAX_WINDOW}]"),
+        ("fly_entropy_threshold", lambda v: _is_number(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
+        ("fly_entropy_top_k", lambda v: _is_int(v) and 1 <= v <= MAX_VOCAB, f"an integer in [1, {MAX_VOCAB}]"),
+    )
+    for name, ok, what in checks:
+        value = getattr(s, name)
+        if value is None:
+            continue
+        if not fly_requests:
+            raise ValueError(f"scenario.{name}: set only when a request's method is 'fly', got {_brief(value)}")
+        if not ok(value):
+            raise ValueError(f"scenario.{name}: expected {what} (vLLM's range), got {_brief(value)}")
+    if fly_requests and s.draft_mode == "engine":
+        raise ValueError("scenario.draft_mode: FLy requests verify drafts the suite draws ('fixed' or 'sampled'), not 'engine'")
+    for i, r in fly_requests:
+        if r.temperature == 0 and r.sampling_params is not None:
+            raise ValueError(
+                f"scenario.requests[{i}].temperature: a greedy FLy request sets no top_k, top_p, min_p or logit_bias "
+                "(its entropy gate reads the logits at T = 1, which vLLM V1 processes only in a batch with sampled requests)"
+            )
 
 
 def _validate_sampling_params(where: str, r: RequestSpec, vocab: int) -> None:

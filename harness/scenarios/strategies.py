@@ -63,7 +63,8 @@ def request_specs(draw, vocab: int, draft_mode: str, methods: tuple[str, ...], m
         spec["placeholder_at"] = draw(st.integers(0, d - 1))
     if draw(st.integers(0, 7)) == 0:
         spec["nan_rows" if draw(st.booleans()) else "masked_rows"] = (draw(st.integers(0, d)),)
-    if draw(st.integers(0, 2)) == 2:  # sampling parameters, at the temperatures engines apply them at
+    # sampling parameters, at the temperatures engines apply them at (a greedy FLy request takes none)
+    if draw(st.integers(0, 2)) == 2 and not (method == "fly" and temperature == 0):
         spec |= draw(sampling_params(vocab))
         if spec["temperature"] and not PROCESSED_TEMPERATURES[0] <= spec["temperature"] <= PROCESSED_TEMPERATURES[-1]:
             spec["temperature"] = draw(st.sampled_from(PROCESSED_TEMPERATURES))
@@ -111,6 +112,8 @@ def scenarios(
     vocab = draw(st.sampled_from(vocabs))
     base = draw(st.sampled_from(methods))
     draft_mode = draw(st.sampled_from(DRAFT_MODES))
+    if base == "fly" and draft_mode == "engine":  # FLy verifies drafts the suite draws
+        draft_mode = draw(st.sampled_from(("fixed", "sampled")))
     if base == "block" and draft_mode != "fixed":
         max_drafts = min(max_drafts, 2)  # block's sampled-draft law is enumerated
         if vocab**max_drafts > MAX_ENUMERATED_DRAFTS:
@@ -132,6 +135,13 @@ def scenarios(
             "posterior_threshold": draw(st.sampled_from((0.0, 0.05, 0.09, 0.3, 1.0))),
             "posterior_alpha": draw(st.sampled_from((0.0, 0.1, 0.3, 0.9))),
         }
+    fly_params = {}  # FLy's window, entropy threshold and top-k, or vLLM's defaults
+    if base == "fly" and draw(st.booleans()):
+        fly_params = {
+            "fly_window_size": draw(st.sampled_from((1, 2, 3))),
+            "fly_entropy_threshold": draw(st.sampled_from((0.0, 0.3, 0.8, 1.5))),
+            "fly_entropy_top_k": draw(st.sampled_from((1, 2, 3, 8))),
+        }
     return Scenario(
         name="fuzz",
         method=base,
@@ -147,6 +157,7 @@ def scenarios(
         slots=draw(st.sampled_from(("identity", "permuted"))),
         processing=draw(st.sampled_from(PROCESSING)),
         **typical,
+        **fly_params,
     )
 
 
@@ -282,6 +293,10 @@ def without_mates(batch, keep):
             if not (batch.methods[keep] == Method.TYPICAL).any()
             else {name: getattr(batch, name)[keep] for name in ("posterior_threshold", "posterior_alpha")}
         ),
+        **{  # FLy's parameters go with FLy requests only
+            name: getattr(batch, name)[keep] if (batch.methods[keep] == Method.FLY).any() else None
+            for name in ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
+        },
     ).validate()
 
 

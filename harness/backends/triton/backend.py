@@ -101,6 +101,8 @@ class TritonBackend:
     def supports(self, batch) -> str | None:
         if Method.TYPICAL in method_codes(batch):
             return "typical acceptance: not implemented by the Triton sampler"
+        if Method.FLY in method_codes(batch):
+            return "FLy: not implemented by the Triton sampler"
         return processing.declines(batch)
 
     def sample(self, batch):

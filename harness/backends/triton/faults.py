@@ -141,4 +141,6 @@ NOT_PLANTED = {
     "belongs to vLLM 0.19's (base rate, decay) parameterization, which the harness turns into those rates before any "
     "backend runs (``harness.scenarios.scenario.conditional_rates``), so there is no decay in this sampler to get wrong",
     "typical-threshold-max": "the sampler has no typical acceptance (it declines Method.TYPICAL), so there is no threshold to get wrong",
+    "fly-entropy-all-tokens": "the sampler has no FLy (it declines Method.FLY), so there is no entropy gate to get wrong",
+    "fly-window-unchecked": "the sampler has no FLy (it declines Method.FLY), so there is no window to get wrong",
 }

@@ -39,7 +39,10 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
+
 from harness.gpus import configure_triton, cuda_available
+from harness.protocol import host
 
 INSTALL_HINT = (
     "install vLLM's python code without its dependencies: "
@@ -219,6 +222,23 @@ def require_parameters(fn, names: list[str], where: str) -> list[str]:
     if missing:
         raise api_changed(f"{where} has no parameter(s) {missing} (has {have})")
     return have
+
+
+FLY_ARGS = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")  # rejection_sample's FLy parameters (0.33.0+)
+
+
+def fly_kwargs(batch, params, where: str) -> tuple[dict | None, str | None]:
+    """``(kwargs, None)``: the batch's one FLy window, threshold and top-k as ``params`` (a
+    function's parameter names) names them, or ``(None, why not)``: the function has no FLy,
+    or the requests' parameters differ (vLLM takes one set per batch, from its config)."""
+    missing = [name for name in FLY_ARGS if name not in params]
+    if missing:
+        return None, f"this vLLM's {where} has no FLy ({', '.join(missing)}: vLLM 0.33.0+)"
+    values = [host(getattr(batch, name)) for name in FLY_ARGS]
+    if any(not np.all(v == v[0]) for v in values):
+        return None, "per-request FLy parameters (vLLM takes one window, entropy threshold and top-k per batch)"
+    w, thr, k = (v[0] for v in values)
+    return {"fly_window_size": int(w), "fly_entropy_threshold": float(thr), "fly_entropy_top_k": int(k)}, None
 
 
 def triton_ready() -> None:

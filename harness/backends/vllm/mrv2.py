@@ -5,7 +5,10 @@ contract (``docs/adapter-contracts.md``), never from running them:
 
 * 0.22 .. 0.33 API: ``vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils.
   rejection_sample``: standard (with draft logits or one-hot), greedy (T = 0), synthetic
-  (``synthetic_conditional_rates``) and block (``use_block_verification``, from 0.25);
+  (``synthetic_conditional_rates``), block (``use_block_verification``, from 0.25) and FLy
+  (``fly_window_size`` > 0, ``fly_entropy_threshold``, ``fly_entropy_top_k``, from 0.33: the
+  batch's one set, as ``RejectionSampler.__init__`` reads them from ``SpeculativeConfig``;
+  ``reference.fly``);
 * 0.19 to 0.21 APIs, a function per method: ``probabilistic_rejection_sample`` (0.19:
   ``rejection_sampler``; 0.20-0.21: ``probabilistic_rejection_sampler_utils``, draft logits
   optional from 0.21), ``rejection_sampler.strict_rejection_sample`` (0.19-0.20) and
@@ -42,7 +45,7 @@ Translation of a ``VerifyBatch`` (vLLM's production layout, see the vLLM notes):
 
 What one vLLM call cannot express is reported by ``supports(batch)`` (the runner then skips
 the check): a batch mixing methods, strict verification (gone after 0.19), per-request
-synthetic rates, from 0.25 a draft vocabulary narrower than the target's while the target
+synthetic rates, FLy before 0.33 or with per-request parameters, from 0.25 a draft vocabulary narrower than the target's while the target
 gives mass to the missing ids (vLLM MRV2 then truncates the target to the draft's width, a
 documented convention; see ``reference``), and a law following other top-k/top-p tie rules
 (``batch.processing``) than the call will use.
@@ -392,6 +395,10 @@ class _CurrentApi:
             return "vLLM MRV2 has no strict verification since 2026-04 (0.19 had strict_rejection_sample)"
         if method is Method.TYPICAL:
             return "typical acceptance: not implemented by vLLM MRV2"
+        if method is Method.FLY:
+            _, reason = vllm_env.fly_kwargs(batch, self.params, "MRV2 rejection_sample")
+            if reason:
+                return reason
         if method is Method.BLOCK and "use_block_verification" not in self.params:
             return "this vLLM's rejection_sample has no block verification (use_block_verification)"
         if method is Method.SYNTHETIC:
@@ -421,6 +428,8 @@ class _CurrentApi:
             kwargs["synthetic_conditional_rates"] = torch.tensor(rates, dtype=torch.float32, device=device)
         if method is Method.BLOCK:
             kwargs["use_block_verification"] = True
+        if method is Method.FLY:
+            kwargs |= vllm_env.fly_kwargs(batch, self.params, "MRV2 rejection_sample")[0]
         if self.use_fp64 and "use_fp64" in self.params:
             kwargs["use_fp64"] = True
         draft = None
@@ -463,6 +472,8 @@ class _PerMethodApi:
             return "vLLM MRV2 before 0.25 has no block verification"
         if method is Method.TYPICAL:
             return "typical acceptance: not implemented by vLLM MRV2"
+        if method is Method.FLY:
+            return "this vLLM's MRV2 API (0.19-0.21: a function per method) has no FLy (vLLM 0.33.0+)"
         if method is Method.STRICT and self.strict is None:
             return "vLLM MRV2 has no strict verification since 0.21 (0.19-0.20 had strict_rejection_sample)"
         # No placeholder handling before vLLM #46533 (0.25.0): a -1 draft is verified as the

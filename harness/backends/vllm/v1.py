@@ -30,9 +30,18 @@ bonus position); with top-k / top-p, from the bonus rows after temperature (fp32
 same vLLM top-k/top-p function. Checks on the bonus token therefore test that draw plus V1's
 bookkeeping (when the bonus is emitted, and where), not vLLM's normal sampler.
 
+**FLy** (``reference.fly``; 0.33.0+): ``rejection_sample``'s ``fly_window_size``,
+``fly_entropy_threshold`` and ``fly_entropy_top_k`` (what ``RejectionSampler.__init__`` reads
+from ``SpeculativeConfig`` when ``rejection_sample_method == "fly"``) get the batch's one
+window, threshold and top-k; the function computes the entropy from the target logits passed
+in and rewrites its argmaxes / uniforms (``vllm/v1/spec_decode/fly.py``) before the native
+kernels. ``RejectionSampler.__init__`` refuses FLy on a CPU *device*; the function itself runs
+under the Triton interpreter.
+
 ``supports(batch)`` names what V1 cannot express: strict and block verification, batches
-mixing methods, per-request synthetic rates, synthetic mode in versions without it, min-p
-(not applied with drafts), and a law following other top-k/top-p tie rules
+mixing methods, per-request synthetic rates, synthetic mode in versions without it, FLy in
+versions without it (the three parameters, bound by the signature) and per-request FLy
+parameters, min-p (not applied with drafts), and a law following other top-k/top-p tie rules
 (``batch.processing``) than its calls will use.
 
 **Contract** (``docs/adapter-contracts.md``): the same in every release from 0.19 to 0.33, so
@@ -114,6 +123,10 @@ class VllmV1Backend:
             return f"vLLM V1 has no {method.name.lower()} verification"
         if method is Method.TYPICAL:
             return "typical acceptance: not implemented by vLLM V1 (V0's TypicalAcceptanceSampler was not carried over)"
+        if method is Method.FLY:
+            _, reason = vllm_env.fly_kwargs(batch, self._params, "V1 rejection_sample")
+            if reason:
+                return reason
         if method is Method.SYNTHETIC:
             if "synthetic_mode" not in self._params:
                 return "this vLLM's V1 rejection_sample has no synthetic mode"
@@ -184,6 +197,8 @@ class VllmV1Backend:
         method = Method(int(method_codes(batch)[0]))
         if method is Method.SYNTHETIC:
             kwargs = dict(synthetic_mode=True, synthetic_conditional_rates=f["synthetic_rates"][0].to(torch.float32))
+        if method is Method.FLY:
+            kwargs, _ = vllm_env.fly_kwargs(batch, self._params, "V1 rejection_sample")
         if self.use_fp64_gumbel and "use_fp64_gumbel" in self._params:
             kwargs["use_fp64_gumbel"] = True
         seeded = b <= self.max_generators

@@ -23,7 +23,7 @@ import torch
 
 from harness.protocol import VerifyBatch
 from harness.sampling.device.copies import upload
-from harness.scenarios.materialize import Template, batch_processing, conditional_rates, sampling_arrays, typical_arrays
+from harness.scenarios.materialize import Template, batch_processing, conditional_rates, fly_arrays, sampling_arrays, typical_arrays
 from harness.scenarios.scenario import POSITION_RANGE, Scenario
 from harness.torch_rng import hash64, hash_state, shift_right, uniforms
 from reference.rng import Stream
@@ -79,8 +79,9 @@ class DeviceTrials:
         self.methods = put(np.array([t.method for t in templates], dtype=np.int8))
         self.method_codes = tuple(sorted({int(t.method) for t in templates}))  # every chunk holds every template
         self.rates = self.floats.get("rates")
-        # top-k / top-p / min-p / logit bias ([T, L] rows) and typical acceptance of one trial (None when no template sets it), and whose tie rules.
-        per_request = {**sampling_arrays(templates), **typical_arrays(s, np.array([t.method for t in templates], dtype=np.int8))}
+        # top-k / top-p / min-p / logit bias ([T, L] rows), typical acceptance and FLy of one trial (None when no template sets it), and whose tie rules.
+        methods = np.array([t.method for t in templates], dtype=np.int8)
+        per_request = {**sampling_arrays(templates), **typical_arrays(s, methods), **fly_arrays(s, methods)}
         self.params = {name: None if x is None else upload(x, dev) for name, x in per_request.items()}
         self.processing = batch_processing(templates)
         self._tiled = (None, None, None)  # (count, target, draft): the last chunk size's logits
