@@ -1,4 +1,4 @@
-"""``python -m harness {run,backends,scenarios,power}``.
+"""``python -m harness {run,engine,tree,backends,scenarios,power}``.
 
 Exit codes: 0 every check passed, 1 a check failed or a backend errored, 2 usage or
 setup error (one line on stderr saying what was wrong; also when a finished run's outputs
@@ -87,6 +87,18 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--out", default="reports/engine", help="output directory (default: reports/engine)")
     e.add_argument("--history", help="append this run to a history file (SQLite)")
     e.add_argument("--label", help="a label for this run in the history")
+    t = sub.add_parser("tree", help="verify tree samplers (SGLang's EAGLE rule, SpecInfer's) against their exact laws")
+    t.add_argument(
+        "--backend",
+        action="append",
+        help="reference, tree-fault:NAME or package.module:attr (an object with rule and sample: docs/trees.md) (repeatable; default: reference)",
+    )
+    t.add_argument("--scenario", action="append", help="tree catalog scenario (repeatable; default: all)")
+    t.add_argument("--profile", default="ci", help="smoke, ci, gpu or nightly: alpha, power and the TV to detect (default: ci)")
+    t.add_argument("--tv", type=float, help="detect this TV instead of the profile's (the records state it)")
+    t.add_argument("--seed", type=int, default=0, help="run seed; the same seed gives the same counts (default: 0)")
+    t.add_argument("--out", default="reports/tree", help="output directory (default: reports/tree)")
+    t.set_defaults(history=None, label=None)
     rp = sub.add_parser("report", help="build the drift page from a history")
     rp.add_argument("--history", required=True, help="history file written by 'run --history'")
     rp.add_argument("--out", required=True, help="HTML file to write")
@@ -157,6 +169,7 @@ def main(argv=None) -> int:
         commands = {
             "run": _run,
             "engine": _engine,
+            "tree": _tree,
             "faults": _faults,
             "calibrate": _calibrate,
             "peers": _peers,
@@ -324,6 +337,28 @@ def _engine(args) -> int:
 
         check_history(args.history)
     result = run_engines(engines, scenarios, profile, args.seed, args.tv, args.workers, args.timeout)
+    print(summary_table(result))
+    return _finish(result, args)
+
+
+def _tree(args) -> int:
+    from harness.report.outputs import summary_table
+    from harness.scenarios.profiles import get_profile
+    from harness.scenarios.scenario import check_seed
+    from harness.trees.backends import check_name
+    from harness.trees.run import run_trees
+    from harness.trees.scenario import CATALOG, find
+
+    profile = get_profile(args.profile)
+    check_seed(args.seed, "--seed")
+    if args.tv is not None and not 0 < args.tv < 1:
+        raise UsageError(f"--tv: expected a total variation in (0, 1), got {args.tv}")
+    backends = args.backend or ["reference"]
+    for name in backends:
+        check_name(name)  # ValueError: a usage error
+    scenarios = [find(name) for name in dict.fromkeys(args.scenario)] if args.scenario else list(CATALOG)
+    check_output_folder(args.out)
+    result = run_trees(list(dict.fromkeys(backends)), scenarios, profile, args.seed, args.tv)
     print(summary_table(result))
     return _finish(result, args)
 

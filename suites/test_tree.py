@@ -17,6 +17,7 @@ import pytest
 
 from harness.checking import power, stats
 from harness.checking.pooling import MAX_BINS, Pooling, pooled
+from harness.trees.faults import SGLangCoinPerSibling, SGLangResidualKeepsSiblings, SpecInferUnnormalizedResidual
 from reference import laws, rules
 from reference import tree as tr
 from reference.methods import Method
@@ -380,27 +381,7 @@ def test_samplers_are_deterministic_in_the_seed():
 
 
 # --- planted faults --------------------------------------------------------------------------
-class SGLangResidualKeepsSiblings(tr.SGLangTreeSampler):
-    """After every child is rejected, the token is drawn from the full target row: the
-    rejected siblings' mass is not removed (the kernel's ``draft_probs[x] = target[x]`` lost)."""
-
-    def stop_weights(self, tree, target):
-        return target
-
-
-class SGLangCoinPerSibling(tr.SGLangTreeSampler):
-    """Each sibling tested against its own mass (``coin <= p(x)``), not the running sum."""
-
-    def accepts(self, coin, prob_acc, p_single, threshold_single, threshold_acc):
-        return super().accepts(coin, p_single, p_single, threshold_single, threshold_acc)
-
-
-class SpecInferUnnormalizedResidual(tr.SpecInferTreeSampler):
-    """``max(p - q, 0)`` not renormalized: later children see a smaller ratio."""
-
-    def residual(self, p, q):
-        w = np.maximum(p - q, 0.0)
-        return np.where(w.sum(axis=-1, keepdims=True) > 0, w, p)
+# The planted faults live in harness/trees/faults.py (`python -m harness tree` runs them too).
 
 
 def test_planted_sglang_residual_fault_is_far_and_detected():
